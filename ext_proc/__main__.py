@@ -1,0 +1,113 @@
+"""`python -m ext_proc …` (also the `cordon-ext-proc` console script).
+
+  serve           the gRPC server: WORKERS worker processes on EXTPROC_PORT
+  scan            detect in text from stdin (or --jsonl records); prints findings, never values
+  policy check    validate a policy directory (for the platform team's CI)
+  stack run|up|down   the whole local stack (what `make run`, `make up`, `make down` call)
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from ext_proc.config import ConfigError, Settings
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    settings = Settings.from_env()
+    overrides = {}
+    if getattr(args, "workers", None):
+        overrides["workers"] = args.workers
+    if getattr(args, "port", None):
+        overrides["extproc_port"] = args.port
+    if overrides:
+        from dataclasses import replace
+
+        settings = replace(settings, **overrides)
+    return settings
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from ext_proc import server
+
+    settings = _settings(args)
+    if args.worker_index is not None:
+        return server.worker_main(settings, args.worker_index)
+    return server.serve(settings)
+
+
+def cmd_scan(args: argparse.Namespace) -> int:
+    from ext_proc import scan
+
+    return scan.run(args, sys.stdin, sys.stdout)
+
+
+def cmd_policy_check(args: argparse.Namespace) -> int:
+    from ext_proc.policy import PolicyError, load_policy_dir
+
+    try:
+        policies = load_policy_dir(args.directory)
+    except PolicyError as exc:
+        print(f"policy check failed: {exc}", file=sys.stderr)
+        return 1
+    for policy in policies.tenants.values():
+        print(f"ok  {policy.source}  tenant={policy.tenant} mode={policy.mode} sets={','.join(policy.sets)}")
+    return 0
+
+
+def cmd_stack(args: argparse.Namespace) -> int:
+    from ext_proc import stack
+
+    settings = _settings(args)
+    if args.action == "run":
+        return stack.run(settings, quiet=args.quiet)
+    if args.action == "up":
+        return stack.up(settings)
+    return stack.down(settings)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from ext_proc import scan
+
+    parser = argparse.ArgumentParser(prog="python -m ext_proc", description="Cordon privacy filter")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the ext_proc gRPC server")
+    serve.add_argument("--workers", type=int, help="worker processes (default: WORKERS or the core count)")
+    serve.add_argument("--port", type=int, help="gRPC port (default: EXTPROC_PORT)")
+    serve.add_argument("--worker-index", type=int, help=argparse.SUPPRESS)
+    serve.set_defaults(func=cmd_serve)
+
+    scan_parser = commands.add_parser("scan", help="print findings for text on stdin")
+    scan.add_arguments(scan_parser)
+    scan_parser.set_defaults(func=cmd_scan)
+
+    policy = commands.add_parser("policy", help="policy files")
+    policy_commands = policy.add_subparsers(dest="policy_command", required=True)
+    check = policy_commands.add_parser("check", help="validate every policy file of a directory")
+    check.add_argument("directory")
+    check.set_defaults(func=cmd_policy_check)
+
+    stack_parser = commands.add_parser("stack", help="run the local stack (make run / up / down)")
+    stack_parser.add_argument("action", choices=["run", "up", "down"])
+    stack_parser.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)
+    stack_parser.set_defaults(func=cmd_stack)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = Settings.from_env()
+    except ConfigError as exc:
+        print(f"configuration error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level, format="%(message)s", stream=sys.stderr)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

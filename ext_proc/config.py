@@ -1,0 +1,134 @@
+"""Settings from the environment (SPEC §3), read once when a command starts, never at import time.
+
+The names are an interface: operators, tests and deployment manifests depend on them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+DEFAULT_REDIS_PORT = 6390
+
+
+class ConfigError(ValueError):
+    """A setting has a value that cannot work; the message names the setting, not a secret."""
+
+
+@dataclass(frozen=True, slots=True)
+class Upstream:
+    """Where Envoy sends one provider's traffic."""
+
+    name: str
+    url: str
+    scheme: str
+    host: str
+    port: int
+
+    @property
+    def tls(self) -> bool:
+        return self.scheme == "https"
+
+
+def parse_upstream(name: str, url: str) -> Upstream:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{name.upper()}_UPSTREAM must be an http:// or https:// URL with a host")
+    if parts.path not in ("", "/") or parts.query:
+        raise ConfigError(f"{name.upper()}_UPSTREAM must not carry a path or query")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return Upstream(name=name, url=url, scheme=parts.scheme, host=parts.hostname, port=port)
+
+
+def _int(env: Mapping[str, str], name: str, default: int, *, low: int = 0, high: int = 2**31) -> int:
+    raw = env.get(name, "")
+    if raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be an integer") from None
+    if not low <= value <= high:
+        raise ConfigError(f"{name} must be between {low} and {high}")
+    return value
+
+
+def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if raw == "":
+        return default
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{name} must be true or false")
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    listen_address: str
+    listen_port: int
+    tls_port: int
+    envoy_admin_port: int
+    extproc_address: str
+    extproc_port: int
+    workers: int
+    redis_url: str | None  # None: the stack starts an embedded Redis on 127.0.0.1:6390
+    policy_dir: Path
+    openai_upstream: Upstream | None  # None: the bundled fake upstream
+    anthropic_upstream: Upstream | None
+    admin_token: str | None
+    tenant_secret: str | None
+    trust_tenant_header: bool
+    max_body_bytes: int
+    run_dir: Path
+    tls_cert_file: Path | None
+    tls_key_file: Path | None
+    upstream_ca_file: Path
+    fake_upstream_port: int
+    log_level: str
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if env is None else env
+        openai = env.get("OPENAI_UPSTREAM", "").strip()
+        anthropic = env.get("ANTHROPIC_UPSTREAM", "").strip()
+        cert = env.get("TLS_CERT_FILE", "").strip()
+        key = env.get("TLS_KEY_FILE", "").strip()
+        if bool(cert) != bool(key):
+            raise ConfigError("TLS_CERT_FILE and TLS_KEY_FILE must be set together")
+        return cls(
+            listen_address=env.get("LISTEN_ADDRESS", "127.0.0.1"),
+            listen_port=_int(env, "LISTEN_PORT", 10000, low=1, high=65535),
+            tls_port=_int(env, "TLS_PORT", 10443, low=1, high=65535),
+            envoy_admin_port=_int(env, "ENVOY_ADMIN_PORT", 9901, low=1, high=65535),
+            extproc_address=env.get("EXTPROC_ADDRESS", "127.0.0.1"),
+            extproc_port=_int(env, "EXTPROC_PORT", 50051, low=1, high=65535),
+            workers=_int(env, "WORKERS", os.cpu_count() or 1, low=1, high=256),
+            redis_url=env.get("REDIS_URL", "").strip() or None,
+            policy_dir=Path(env.get("POLICY_DIR", "policies")),
+            openai_upstream=parse_upstream("openai", openai) if openai else None,
+            anthropic_upstream=parse_upstream("anthropic", anthropic) if anthropic else None,
+            admin_token=env.get("ADMIN_TOKEN") or None,
+            tenant_secret=env.get("TENANT_SECRET") or None,
+            trust_tenant_header=_bool(env, "TRUST_TENANT_HEADER", False),
+            max_body_bytes=_int(env, "MAX_BODY_BYTES", 33554432, low=1024, high=2**30),
+            run_dir=Path(env.get("RUN_DIR", ".run")),
+            tls_cert_file=Path(cert) if cert else None,
+            tls_key_file=Path(key) if key else None,
+            upstream_ca_file=Path(env.get("UPSTREAM_CA_FILE", "/etc/ssl/certs/ca-certificates.crt")),
+            fake_upstream_port=_int(env, "FAKE_UPSTREAM_PORT", 18080, low=1, high=65535),
+            log_level=env.get("LOG_LEVEL", "INFO").upper(),
+        )
+
+    @property
+    def effective_redis_url(self) -> str:
+        return self.redis_url or f"redis://127.0.0.1:{DEFAULT_REDIS_PORT}/0"
+
+    @property
+    def grpc_message_limit(self) -> int:
+        # A body travels inside one gRPC message, with its headers and framing.
+        return self.max_body_bytes + 1024 * 1024

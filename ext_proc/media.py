@@ -1,0 +1,160 @@
+"""Media discovery (SPEC §7): the parts of a body that carry images, audio or files.
+
+Found ONLY at the positions the provider schemas define, by one function per dialect, so that
+redaction, counting and (later) masking and the egress check all agree on what is media. A
+media-shaped object anywhere else (a tool input, metadata) is ordinary text and is read as such.
+
+A `MediaPart` points at its payload as (container, key): the dict that holds the payload string and
+the key under which it sits. Only payloads that are bytes (base64, data: URLs) are exempt from the
+text walk; a URL or a file id is a string like any other and is read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Source = Literal["base64", "data_url", "url", "file_id", "reference"]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class MediaPart:
+    media: str  # image | audio | file | document
+    source: Source
+    container: dict[str, Any]
+    key: str
+
+    @property
+    def is_bytes(self) -> bool:
+        return self.source in ("base64", "data_url")
+
+
+def _str_at(container: object, key: str) -> bool:
+    return isinstance(container, dict) and isinstance(container.get(key), str)
+
+
+def _url_part(media: str, container: object, key: str) -> Iterator[MediaPart]:
+    if isinstance(container, dict) and _str_at(container, key):
+        source: Source = "data_url" if container[key].startswith("data:") else "url"
+        yield MediaPart(media, source, container, key)
+
+
+def _id_part(media: str, container: object, key: str) -> Iterator[MediaPart]:
+    if isinstance(container, dict) and _str_at(container, key):
+        yield MediaPart(media, "file_id", container, key)
+
+
+def _dicts(value: object) -> Iterator[dict[str, Any]]:
+    if isinstance(value, list):
+        for item in value:
+            if isinstance(item, dict):
+                yield item
+
+
+# --- OpenAI Chat Completions -------------------------------------------------------------------
+
+
+def _chat_part(part: dict[str, Any]) -> Iterator[MediaPart]:
+    kind = part.get("type")
+    if kind == "image_url":
+        yield from _url_part("image", part.get("image_url"), "url")
+    elif kind == "input_audio":
+        audio = part.get("input_audio")
+        if isinstance(audio, dict) and _str_at(audio, "data"):
+            yield MediaPart("audio", "base64", audio, "data")
+    elif kind == "file":
+        file = part.get("file")
+        if isinstance(file, dict):
+            if _str_at(file, "file_data"):
+                data = file["file_data"]
+                yield MediaPart("file", "data_url" if data.startswith("data:") else "base64", file, "file_data")
+            yield from _id_part("file", file, "file_id")
+
+
+def chat_media(doc: object) -> Iterator[MediaPart]:
+    if not isinstance(doc, dict):
+        return
+    for message in _dicts(doc.get("messages")):
+        for part in _dicts(message.get("content")):
+            yield from _chat_part(part)
+        audio = message.get("audio")
+        if isinstance(audio, dict) and _str_at(audio, "id"):
+            yield MediaPart("audio", "reference", audio, "id")
+
+
+# --- OpenAI Responses --------------------------------------------------------------------------
+
+
+def _responses_part(part: dict[str, Any]) -> Iterator[MediaPart]:
+    kind = part.get("type")
+    if kind in ("input_image", "computer_screenshot"):
+        yield from _url_part("image", part, "image_url")
+        yield from _id_part("image", part, "file_id")
+    elif kind == "input_file":
+        if _str_at(part, "file_data"):
+            data = part["file_data"]
+            yield MediaPart("file", "data_url" if data.startswith("data:") else "base64", part, "file_data")
+        yield from _url_part("file", part, "file_url")
+        yield from _id_part("file", part, "file_id")
+    elif kind == "input_audio":
+        audio = part.get("input_audio")
+        if isinstance(audio, dict) and _str_at(audio, "data"):
+            yield MediaPart("audio", "base64", audio, "data")
+
+
+def responses_media(doc: object) -> Iterator[MediaPart]:
+    if not isinstance(doc, dict):
+        return
+    for item in _dicts(doc.get("input")):
+        kind = item.get("type")
+        if kind == "message" or (kind is None and "role" in item):
+            for part in _dicts(item.get("content")):
+                yield from _responses_part(part)
+        elif kind == "function_call_output":
+            for part in _dicts(item.get("output")):
+                yield from _responses_part(part)
+        elif kind == "computer_call_output":
+            output = item.get("output")
+            if isinstance(output, dict):
+                yield from _responses_part(output)
+        elif kind == "image_generation_call" and _str_at(item, "result"):
+            yield MediaPart("image", "base64", item, "result")
+
+
+# --- Anthropic Messages ------------------------------------------------------------------------
+
+
+def _anthropic_block(block: dict[str, Any], depth: int) -> Iterator[MediaPart]:
+    kind = block.get("type")
+    if kind in ("image", "document"):
+        source = block.get("source")
+        if not isinstance(source, dict):
+            return
+        source_type = source.get("type")
+        if source_type == "base64" and _str_at(source, "data"):
+            yield MediaPart(kind, "base64", source, "data")
+        elif source_type == "url":
+            yield from _url_part(kind, source, "url")
+        elif source_type == "file":
+            yield from _id_part(kind, source, "file_id")
+        elif source_type == "content" and depth < 4:
+            # A document made of blocks: its text blocks are text, its images are media.
+            for inner in _dicts(source.get("content")):
+                yield from _anthropic_block(inner, depth + 1)
+        # source type "text": plain text, read like any other string.
+    elif kind in ("tool_result", "mcp_tool_result") and depth < 4:
+        for inner in _dicts(block.get("content")):
+            yield from _anthropic_block(inner, depth + 1)
+
+
+def messages_media(doc: object) -> Iterator[MediaPart]:
+    if not isinstance(doc, dict):
+        return
+    for message in _dicts(doc.get("messages")):
+        for block in _dicts(message.get("content")):
+            yield from _anthropic_block(block, 0)
+
+
+def no_media(doc: object) -> Iterator[MediaPart]:
+    return iter(())

@@ -1,0 +1,219 @@
+"""Tenant policy files (SPEC §10) → validated, frozen `Policy` objects; API key → tenant.
+
+A policy directory holds one YAML file per tenant and must hold `default.yaml` (tenant `default`),
+used for every request whose key matches no tenant. Every problem is reported with the file, the
+key and the reason; an unknown key is an error, never ignored, because a misspelt knob that
+silently falls back to a default is how a platform team ends up less strict than it wrote.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from ext_proc.findings import ALL_SETS
+
+Mode = Literal["reversible", "strip", "off"]
+FailMode = Literal["closed", "open"]
+MediaPolicy = Literal["block", "mask", "allow"]
+
+MODES: tuple[Mode, ...] = ("reversible", "strip", "off")
+FAIL_MODES: tuple[FailMode, ...] = ("closed", "open")
+MEDIA_POLICIES: tuple[MediaPolicy, ...] = ("block", "mask", "allow")
+PROVIDERS = ("openai", "anthropic")
+DEFAULT_TENANT = "default"
+
+# Knobs this version validates but cannot honour yet: a file that turns one on is refused at load
+# time (naming the knob) instead of being silently weaker than it reads.
+NOT_YET_SUPPORTED: dict[str, str] = {
+    "consistentPseudonyms": "consistent pseudonyms (and the vault) are not implemented yet",
+    "requireSubject": "declared subjects (X-Cordon-Subject) are not implemented yet",
+    "reportOnly": "report-only mode is not implemented yet",
+    "allowHeaderOverride": "the X-Redact-Mode header override is not implemented yet",
+}
+
+
+class PolicyError(ValueError):
+    def __init__(self, source: Path | str, key: str, reason: str) -> None:
+        super().__init__(f"{source}: {key}: {reason}")
+        self.source = str(source)
+        self.key = key
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    tenant: str
+    api_keys: frozenset[str] = frozenset()
+    mode: Mode = "reversible"
+    sets: tuple[str, ...] = ALL_SETS
+    fail_mode: FailMode = "closed"
+    redact_system: bool = True
+    consistent_pseudonyms: bool = False
+    require_subject: bool = False
+    subject_media: MediaPolicy = "block"
+    report_only: bool = False
+    allow_header_override: bool = False
+    upstreams: frozenset[str] = frozenset(PROVIDERS)
+    skip_documentation_ips: bool = False
+    source: str = ""
+
+
+def _bool(source: Path, key: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise PolicyError(source, key, "must be true or false")
+    return value
+
+
+def _choice(source: Path, key: str, value: object, choices: Iterable[str]) -> str:
+    options = tuple(choices)
+    if not isinstance(value, str) or value not in options:
+        raise PolicyError(source, key, "must be one of " + ", ".join(options))
+    return value
+
+
+def _string_list(source: Path, key: str, value: object) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise PolicyError(source, key, "must be a list of strings")
+    return value
+
+
+def _sets(source: Path, value: object) -> tuple[str, ...]:
+    names = _string_list(source, "sets", value)
+    for name in names:
+        if name not in ALL_SETS:
+            raise PolicyError(source, "sets", f"unknown set {name!r}; known: " + ", ".join(ALL_SETS))
+    if len(set(names)) != len(names):
+        raise PolicyError(source, "sets", "lists a set twice")
+    # Keep the catalog's own order so equal policies compile to the same cached catalog.
+    return tuple(s for s in ALL_SETS if s in names)
+
+
+def _api_keys(source: Path, value: object) -> frozenset[str]:
+    keys = _string_list(source, "apiKeys", value)
+    out = set()
+    for key in keys:
+        algo, _, digest = key.partition(":")
+        if algo != "sha256" or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            # Never echo the entry: someone may have pasted a raw key here by mistake.
+            raise PolicyError(source, "apiKeys", "entries must be 'sha256:' + 64 lowercase hex digits")
+        out.add(digest)
+    return frozenset(out)
+
+
+def _upstreams(source: Path, value: object) -> frozenset[str]:
+    names = _string_list(source, "upstreams", value)
+    for name in names:
+        if name not in PROVIDERS:
+            raise PolicyError(source, "upstreams", f"unknown upstream {name!r}; known: openai, anthropic")
+    return frozenset(names)
+
+
+_PARSERS: dict[str, Any] = {
+    "apiKeys": lambda src, v: ("api_keys", _api_keys(src, v)),
+    # YAML 1.1 reads a bare `off` as false; `mode: off` is what an author writes, so take it as meant.
+    "mode": lambda src, v: ("mode", _choice(src, "mode", "off" if v is False else v, MODES)),
+    "sets": lambda src, v: ("sets", _sets(src, v)),
+    "failMode": lambda src, v: ("fail_mode", _choice(src, "failMode", v, FAIL_MODES)),
+    "redactSystem": lambda src, v: ("redact_system", _bool(src, "redactSystem", v)),
+    "consistentPseudonyms": lambda src, v: ("consistent_pseudonyms", _bool(src, "consistentPseudonyms", v)),
+    "requireSubject": lambda src, v: ("require_subject", _bool(src, "requireSubject", v)),
+    "subjectMedia": lambda src, v: ("subject_media", _choice(src, "subjectMedia", v, MEDIA_POLICIES)),
+    "reportOnly": lambda src, v: ("report_only", _bool(src, "reportOnly", v)),
+    "allowHeaderOverride": lambda src, v: ("allow_header_override", _bool(src, "allowHeaderOverride", v)),
+    "upstreams": lambda src, v: ("upstreams", _upstreams(src, v)),
+    "skipDocumentationIps": lambda src, v: ("skip_documentation_ips", _bool(src, "skipDocumentationIps", v)),
+}
+
+
+def parse_policy(source: Path, data: object) -> Policy:
+    if not isinstance(data, Mapping):
+        raise PolicyError(source, "(file)", "must be a YAML mapping of policy keys")
+    tenant = data.get("tenant")
+    if not isinstance(tenant, str) or not tenant or len(tenant) > 64 or not tenant.replace("-", "").replace(
+        "_", ""
+    ).isalnum():
+        raise PolicyError(source, "tenant", "must be a name of letters, digits, '-' or '_' (at most 64)")
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        if key == "tenant":
+            continue
+        parser = _PARSERS.get(key) if isinstance(key, str) else None
+        if parser is None:
+            raise PolicyError(source, str(key), "unknown key; known: tenant, " + ", ".join(_PARSERS))
+        attr, parsed = parser(source, value)
+        if key in NOT_YET_SUPPORTED and parsed is True:
+            raise PolicyError(source, key, NOT_YET_SUPPORTED[key])
+        values[attr] = parsed
+    return Policy(tenant=tenant, source=str(source), **values)
+
+
+def load_policy_file(path: str | Path) -> Policy:
+    source = Path(path)
+    try:
+        text = source.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PolicyError(source, "(file)", f"cannot be read: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise PolicyError(source, "(file)", f"is not valid YAML{where}") from None
+    return parse_policy(source, data)
+
+
+def hash_api_key(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySet:
+    """Every tenant of a policy directory, and the index from key digest to tenant."""
+
+    tenants: Mapping[str, Policy]
+    by_key: Mapping[str, Policy] = field(default_factory=dict)
+
+    @property
+    def default(self) -> Policy:
+        return self.tenants[DEFAULT_TENANT]
+
+    def for_api_key(self, key: str | None) -> Policy:
+        if key:
+            digest = hash_api_key(key)
+            for known, policy in self.by_key.items():
+                # Constant time per comparison: the digest of a caller's key is not to be probed.
+                if hmac.compare_digest(known, digest):
+                    return policy
+        return self.default
+
+
+def load_policy_dir(directory: str | Path) -> PolicySet:
+    root = Path(directory)
+    if not root.is_dir():
+        raise PolicyError(root, "(directory)", "does not exist or is not a directory")
+    files = sorted([*root.glob("*.yaml"), *root.glob("*.yml")])
+    tenants: dict[str, Policy] = {}
+    by_key: dict[str, Policy] = {}
+    for path in files:
+        policy = load_policy_file(path)
+        if policy.tenant in tenants:
+            raise PolicyError(path, "tenant", f"tenant {policy.tenant!r} is also defined in another file")
+        if (path.stem == DEFAULT_TENANT) != (policy.tenant == DEFAULT_TENANT):
+            raise PolicyError(path, "tenant", "the default tenant lives in default.yaml and only there")
+        for digest in policy.api_keys:
+            if digest in by_key:
+                raise PolicyError(path, "apiKeys", "a key digest also selects another tenant")
+            by_key[digest] = policy
+        tenants[policy.tenant] = policy
+    if DEFAULT_TENANT not in tenants:
+        raise PolicyError(root / "default.yaml", "(file)", "is missing: every policy directory needs one")
+    if tenants[DEFAULT_TENANT].api_keys:
+        raise PolicyError(root / "default.yaml", "apiKeys", "the default tenant is selected by no key")
+    return PolicySet(tenants=tenants, by_key=by_key)

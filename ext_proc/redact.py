@@ -1,0 +1,64 @@
+"""Findings → placeholders: overlap resolution and the rewrite of one string, right to left.
+
+Overlapping findings resolve by a documented priority: declared-subject matches win over the
+catalog, then the longer span, then the catalog's priority order (ext_proc.catalog), then the
+earlier start. Resolution is O(n log n) in the number of findings; the rewrite is one pass.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections import Counter
+from collections.abc import Callable, Iterable
+
+from ext_proc.findings import Finding
+from ext_proc.placeholders import PlaceholderMap, strip_marker
+
+SUBJECT_PRIORITY_LIMIT = 10  # priorities below this are declared-subject matchers
+
+
+def _rank(finding: Finding) -> tuple[int, int, int, int]:
+    return (0 if finding.priority < SUBJECT_PRIORITY_LIMIT else 1, -finding.length, finding.priority, finding.start)
+
+
+def resolve_overlaps(findings: Iterable[Finding]) -> list[Finding]:
+    """The non-overlapping findings to redact, sorted by start."""
+    starts: list[int] = []
+    chosen: list[Finding] = []  # kept sorted by start, parallel to `starts`
+    for finding in sorted(findings, key=_rank):
+        if finding.length <= 0:
+            continue
+        i = bisect_left(starts, finding.start)
+        if i > 0 and chosen[i - 1].end > finding.start:
+            continue
+        if i < len(chosen) and chosen[i].start < finding.end:
+            continue
+        starts.insert(i, finding.start)
+        chosen.insert(i, finding)
+    return chosen
+
+
+Replacement = Callable[[Finding, str], str]
+
+
+def reversible(pmap: PlaceholderMap) -> Replacement:
+    return lambda finding, original: pmap.placeholder_for(finding.label, original)
+
+
+def strip(finding: Finding, original: str) -> str:
+    return strip_marker(finding.label)
+
+
+def rewrite(text: str, findings: list[Finding], replacement: Replacement, counts: Counter[str]) -> str:
+    """`text` with each (resolved, sorted, non-overlapping) finding replaced."""
+    if not findings:
+        return text
+    pieces: list[str] = []
+    cursor = 0
+    for finding in findings:
+        pieces.append(text[cursor : finding.start])
+        pieces.append(replacement(finding, text[finding.start : finding.end]))
+        counts[finding.label] += 1
+        cursor = finding.end
+    pieces.append(text[cursor:])
+    return "".join(pieces)
