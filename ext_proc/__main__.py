@@ -1,15 +1,16 @@
 """`python -m ext_proc …` (also the `cordon-ext-proc` console script).
 
-  serve           the gRPC server: WORKERS worker processes on EXTPROC_PORT
-  scan            detect in text from stdin (or --jsonl records); prints findings, never values
-  policy check    validate a policy directory (for the platform team's CI)
-  stack run|up|down   the whole local stack (what `make run`, `make up`, `make down` call)
+serve           the gRPC server: WORKERS worker processes on EXTPROC_PORT
+scan            detect in text from stdin (or --jsonl records); prints findings, never values
+policy check    validate a policy directory (for the platform team's CI)
+stack run|up|down   the whole local stack (what `make run`, `make up`, `make down` call)
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -17,7 +18,10 @@ from ext_proc.config import ConfigError, Settings
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    settings = Settings.from_env()
+    try:
+        settings = Settings.from_env()
+    except ConfigError as exc:
+        raise SystemExit(f"configuration error: {exc}") from None
     overrides = {}
     if getattr(args, "workers", None):
         overrides["workers"] = args.workers
@@ -100,12 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        settings = Settings.from_env()
-    except ConfigError as exc:
-        print(f"configuration error: {exc}", file=sys.stderr)
-        return 2
-    logging.basicConfig(level=settings.log_level, format="%(message)s", stream=sys.stderr)
+    # Only the commands that run services read the settings: `policy check` and `scan` must work
+    # whatever else the environment holds.
+    level = os.environ.get("LOG_LEVEL", "INFO").upper()
+    logging.basicConfig(
+        level=level if level in logging.getLevelNamesMapping() else "INFO", format="%(message)s"
+    )
     return int(args.func(args))
 
 

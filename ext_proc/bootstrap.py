@@ -7,8 +7,10 @@ routing table. `ROUTE_PROVIDERS` is the one list of those names.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import ipaddress
+import os
 import textwrap
 from pathlib import Path
 from string import Template
@@ -34,7 +36,9 @@ FILTER_HEADERS = ("x-cordon-subject", "x-tenant", "x-redact-mode")
 
 _NOT_FOUND = {
     "status": 404,
-    "body": '{"error":{"message":"no route for this path","type":"invalid_request_error","code":"not_found"}}',
+    "body": (
+        '{"error":{"message":"no route for this path","type":"invalid_request_error","code":"not_found"}}'
+    ),
 }
 
 
@@ -75,9 +79,7 @@ def render_routes() -> str:
     not_found = _local(NOT_FOUND_ROUTE, 'prefix: "/"', _NOT_FOUND["status"], _NOT_FOUND["body"])
     by_authority = []
     for provider in ("openai", "anthropic"):
-        routes = "\n".join(
-            [_route(f"{provider}-authority", 'prefix: "/v1/"', provider), not_found]
-        )
+        routes = "\n".join([_route(f"{provider}-authority", 'prefix: "/v1/"', provider), not_found])
         by_authority.append(
             f"- name: {provider}-authority\n"
             f'  domains: ["api.{provider}.com", "api.{provider}.com:*"]\n'
@@ -135,18 +137,21 @@ def render_filters(settings: Settings) -> str:
 def render_upstream_tls(upstream: Upstream, settings: Settings) -> str:
     if not upstream.tls:
         return ""
+    by_ip = _discovery(upstream.host) == "STATIC"
+    # SNI carries host names only (RFC 6066); an upstream given by address is matched by its IP SAN.
+    sni = "" if by_ip else f"\n            sni: {upstream.host}"
+    san_type = "IP_ADDRESS" if by_ip else "DNS"
     fragment = textwrap.dedent(
         f"""\
         transport_socket:
           name: envoy.transport_sockets.tls
           typed_config:
-            "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
-            sni: {upstream.host}
+            "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext{sni}
             common_tls_context:
               validation_context:
                 trusted_ca: {{filename: "{settings.upstream_ca_file}"}}
                 match_typed_subject_alt_names:
-                - san_type: DNS
+                - san_type: {san_type}
                   matcher: {{exact: "{upstream.host}"}}
         """
     )
@@ -220,6 +225,21 @@ def _generate_self_signed(cert_path: Path, key_path: Path, ca_path: Path) -> Non
         .not_valid_before(now - dt.timedelta(minutes=5))
         .not_valid_after(now + dt.timedelta(days=825))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
     leaf_key = ec.generate_private_key(ec.SECP256R1())
@@ -238,15 +258,20 @@ def _generate_self_signed(cert_path: Path, key_path: Path, ca_path: Path) -> Non
         .not_valid_after(now + dt.timedelta(days=397))
         .add_extension(x509.SubjectAlternativeName(names), critical=False)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(leaf_key.public_key()), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
         .sign(ca_key, hashes.SHA256())
     )
-    key_path.write_bytes(
-        leaf_key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
+    key_pem = leaf_key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
-    key_path.chmod(0o600)
+    # Created 0600 from the start: the key is never readable by others, not even for a moment.
+    with contextlib.suppress(FileNotFoundError):
+        key_path.unlink()
+    fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as key_file:
+        key_file.write(key_pem)
     cert_path.write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
     ca_path.write_bytes(ca.public_bytes(serialization.Encoding.PEM))

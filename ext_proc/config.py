@@ -37,9 +37,19 @@ def parse_upstream(name: str, url: str) -> Upstream:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(f"{name.upper()}_UPSTREAM must be an http:// or https:// URL with a host")
+    if parts.username is not None or parts.password is not None:
+        raise ConfigError(f"{name.upper()}_UPSTREAM must not carry credentials; clients send their own keys")
     if parts.path not in ("", "/") or parts.query:
         raise ConfigError(f"{name.upper()}_UPSTREAM must not carry a path or query")
-    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        explicit = parts.port
+    except ValueError:
+        raise ConfigError(
+            f"{name.upper()}_UPSTREAM has a port that is not a number from 1 to 65535"
+        ) from None
+    if explicit == 0:
+        raise ConfigError(f"{name.upper()}_UPSTREAM has port 0")
+    port = explicit if explicit is not None else (443 if parts.scheme == "https" else 80)
     return Upstream(name=name, url=url, scheme=parts.scheme, host=parts.hostname, port=port)
 
 

@@ -49,7 +49,9 @@ def _mutation(set_headers: Headers = (), remove: Iterable[str] = ()) -> pb.Heade
     return mutation
 
 
-def _common(set_headers: Headers = (), remove: Iterable[str] = (), body: bytes | None = None) -> pb.CommonResponse:
+def _common(
+    set_headers: Headers = (), remove: Iterable[str] = (), body: bytes | None = None
+) -> pb.CommonResponse:
     common = pb.CommonResponse()
     set_list = list(set_headers)
     remove_list = list(remove)

@@ -157,7 +157,9 @@ class Exchange:
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:
-            raise Refusal(400, "request", "the request body is not valid UTF-8", code="invalid_json") from None
+            raise Refusal(
+                400, "request", "the request body is not valid UTF-8", code="invalid_json"
+            ) from None
         doc = parse_json(text)
         try:
             new_doc, changed = self.redact_document(doc)
@@ -166,7 +168,9 @@ class Exchange:
             if self.policy.fail_mode == "closed":
                 raise Refusal(503, "detection", f"detection failed ({exc}); failMode is closed") from None
             self.gap = str(exc)
-            log.warning(json.dumps({"event": "detection_gap", "tenant": self.policy.tenant, "reason": str(exc)}))
+            log.warning(
+                json.dumps({"event": "detection_gap", "tenant": self.policy.tenant, "reason": str(exc)})
+            )
             return envoy.request_body()
         finally:
             self.timings["redact_ms"] = round((time.perf_counter() - start) * 1000, 3)
@@ -250,7 +254,9 @@ class Exchange:
     def admin(self, headers: Headers, path: str) -> pb.ProcessingResponse:
         token = self.runtime.admin_token
         if not token:
-            return envoy.refuse(Refusal(404, "admin", "the admin API is closed (ADMIN_TOKEN is unset)"), "openai")
+            return envoy.refuse(
+                Refusal(404, "admin", "the admin API is closed (ADMIN_TOKEN is unset)"), "openai"
+            )
         auth = headers.get("authorization") or ""
         given = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
         if not hmac.compare_digest(given.encode(), token.encode()):

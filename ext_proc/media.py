@@ -30,13 +30,17 @@ class MediaPart:
         return self.source in ("base64", "data_url")
 
 
+def _is_data_url(value: str) -> bool:
+    return value[:5].lower() == "data:"  # the scheme is case-insensitive (RFC 3986)
+
+
 def _str_at(container: object, key: str) -> bool:
     return isinstance(container, dict) and isinstance(container.get(key), str)
 
 
 def _url_part(media: str, container: object, key: str) -> Iterator[MediaPart]:
     if isinstance(container, dict) and _str_at(container, key):
-        source: Source = "data_url" if container[key].startswith("data:") else "url"
+        source: Source = "data_url" if _is_data_url(container[key]) else "url"
         yield MediaPart(media, source, container, key)
 
 
@@ -68,7 +72,7 @@ def _chat_part(part: dict[str, Any]) -> Iterator[MediaPart]:
         if isinstance(file, dict):
             if _str_at(file, "file_data"):
                 data = file["file_data"]
-                yield MediaPart("file", "data_url" if data.startswith("data:") else "base64", file, "file_data")
+                yield MediaPart("file", "data_url" if _is_data_url(data) else "base64", file, "file_data")
             yield from _id_part("file", file, "file_id")
 
 
@@ -94,7 +98,7 @@ def _responses_part(part: dict[str, Any]) -> Iterator[MediaPart]:
     elif kind == "input_file":
         if _str_at(part, "file_data"):
             data = part["file_data"]
-            yield MediaPart("file", "data_url" if data.startswith("data:") else "base64", part, "file_data")
+            yield MediaPart("file", "data_url" if _is_data_url(data) else "base64", part, "file_data")
         yield from _url_part("file", part, "file_url")
         yield from _id_part("file", part, "file_id")
     elif kind == "input_audio":

@@ -109,6 +109,8 @@ def _api_keys(source: Path, value: object) -> frozenset[str]:
 
 def _upstreams(source: Path, value: object) -> frozenset[str]:
     names = _string_list(source, "upstreams", value)
+    if len(set(names)) != len(names):
+        raise PolicyError(source, "upstreams", "lists an upstream twice")
     for name in names:
         if name not in PROVIDERS:
             raise PolicyError(source, "upstreams", f"unknown upstream {name!r}; known: openai, anthropic")
@@ -136,9 +138,12 @@ def parse_policy(source: Path, data: object) -> Policy:
     if not isinstance(data, Mapping):
         raise PolicyError(source, "(file)", "must be a YAML mapping of policy keys")
     tenant = data.get("tenant")
-    if not isinstance(tenant, str) or not tenant or len(tenant) > 64 or not tenant.replace("-", "").replace(
-        "_", ""
-    ).isalnum():
+    if (
+        not isinstance(tenant, str)
+        or not tenant
+        or len(tenant) > 64
+        or not tenant.replace("-", "").replace("_", "").isalnum()
+    ):
         raise PolicyError(source, "tenant", "must be a name of letters, digits, '-' or '_' (at most 64)")
     values: dict[str, Any] = {}
     for key, value in data.items():
@@ -154,14 +159,40 @@ def parse_policy(source: Path, data: object) -> Policy:
     return Policy(tenant=tenant, source=str(source), **values)
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key written twice (plain YAML keeps the last one, silently)."""
+
+
+def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -> dict[object, object]:
+    seen: set[object] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        if key in seen:
+            raise PolicyError(
+                loader.name, str(key), f"is written twice (line {key_node.start_mark.line + 1})"
+            )
+        seen.add(key)
+    return loader.construct_mapping(node)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
+
+
 def load_policy_file(path: str | Path) -> Policy:
     source = Path(path)
     try:
         text = source.read_text(encoding="utf-8")
     except OSError as exc:
         raise PolicyError(source, "(file)", f"cannot be read: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise PolicyError(source, "(file)", "is not UTF-8 text") from None
     try:
-        data = yaml.safe_load(text)
+        loader = _StrictLoader(text)
+        loader.name = str(source)
+        try:
+            data = loader.get_single_data()
+        finally:
+            loader.dispose()
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
@@ -214,6 +245,7 @@ def load_policy_dir(directory: str | Path) -> PolicySet:
         tenants[policy.tenant] = policy
     if DEFAULT_TENANT not in tenants:
         raise PolicyError(root / "default.yaml", "(file)", "is missing: every policy directory needs one")
-    if tenants[DEFAULT_TENANT].api_keys:
-        raise PolicyError(root / "default.yaml", "apiKeys", "the default tenant is selected by no key")
+    default = tenants[DEFAULT_TENANT]
+    if default.api_keys:
+        raise PolicyError(default.source, "apiKeys", "the default tenant is selected by no key")
     return PolicySet(tenants=tenants, by_key=by_key)

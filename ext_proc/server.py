@@ -39,7 +39,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
 
-    async def Process(  # noqa: N802 (the gRPC method name)
+    async def Process(
         self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ProcessingResponse]:
         exchange = Exchange(self.runtime)

@@ -50,6 +50,8 @@ def redis_binary() -> str:
 def port_free(host: str, port: int) -> bool:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
+        # As a server binds: connections lingering in TIME_WAIT do not make a port taken.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:
@@ -104,7 +106,9 @@ class Stack:
 
     def _check_alive(self, service: Service) -> None:
         if service.process.poll() is not None:
-            raise StackError(f"{service.name} exited with code {service.process.returncode}:\n{service.tail()}")
+            raise StackError(
+                f"{service.name} exited with code {service.process.returncode}:\n{service.tail()}"
+            )
 
     def _check_ports(self) -> None:
         s = self.settings
@@ -120,7 +124,9 @@ class Stack:
             wanted.append(("FAKE_UPSTREAM_PORT", "127.0.0.1", s.fake_upstream_port))
         for name, host, port in wanted:
             if not port_free(host, port):
-                raise StackError(f"port {port} ({name}) is taken; set {name.split()[0]} or stop what holds it")
+                raise StackError(
+                    f"port {port} ({name}) is taken; set {name.split()[0]} or stop what holds it"
+                )
 
     @property
     def needs_fake_upstream(self) -> bool:
@@ -152,7 +158,15 @@ class Stack:
         if self.needs_fake_upstream:
             fake = self._spawn(
                 "fake-upstream",
-                [sys.executable, "-m", "tests.fake_upstream", "--host", "127.0.0.1", "--port", str(s.fake_upstream_port)],
+                [
+                    sys.executable,
+                    "-m",
+                    "tests.fake_upstream",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(s.fake_upstream_port),
+                ],
             )
             if not wait_port("127.0.0.1", s.fake_upstream_port, deadline):
                 self._check_alive(fake)
@@ -200,10 +214,13 @@ class Stack:
         health = f"http://{_host(s.listen_address)}:{s.listen_port}/healthz"
         while time.monotonic() < deadline:
             self._check_alive(envoy)
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(url, timeout=1) as ready, urllib.request.urlopen(health, timeout=1) as ok:
-                    if ready.status == 200 and ok.status == 200:
-                        return
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(url, timeout=1) as ready,
+                urllib.request.urlopen(health, timeout=1) as ok,
+            ):
+                if ready.status == 200 and ok.status == 200:
+                    return
             time.sleep(0.1)
         raise StackError(f"Envoy did not become ready in time:\n{envoy.tail()}")
 
@@ -238,20 +255,22 @@ def grpc_serving(address: str, port: int) -> bool:
 
     try:
         with grpc.insecure_channel(f"{_host(address)}:{port}") as channel:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=1
+            )
     except grpc.RpcError:
         return False
     return reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
-def banner(settings: Settings) -> str:
+def banner(settings: Settings, *, detached: bool = False) -> str:
     host = _host(settings.listen_address)
     base = f"http://{host}:{settings.listen_port}"
     fake = settings.openai_upstream is None
     lines = [
         "Cordon is running.",
         f"  plain listener   {base}   (OPENAI_BASE_URL={base}/v1, ANTHROPIC_BASE_URL={base})",
-        f"  TLS listener     https://{host}:{settings.tls_port}   (CA: {settings.run_dir / 'tls' / 'ca.pem'})",
+        f"  TLS listener     https://{host}:{settings.tls_port}   (CA: {settings.run_dir}/tls/ca.pem)",
         f"  Envoy admin      http://127.0.0.1:{settings.envoy_admin_port}",
         f"  ext_proc gRPC    {settings.extproc_address}:{settings.extproc_port} ({settings.workers} workers)",
         f"  logs and pids    {settings.run_dir}/logs, {settings.run_dir}/pids",
@@ -260,17 +279,17 @@ def banner(settings: Settings) -> str:
         lines += [
             f"  fake upstream    http://127.0.0.1:{settings.fake_upstream_port} (echoes what it receives)",
             "",
-            "Try it: the fake model echoes the message it received, so the reply shows the redacted text",
-            "the upstream saw (x-fake-reply-raw) and the body shows what the client gets back (restored):",
+            "Try it. The fake model echoes what it received; its x-fake-saw header shows the redacted",
+            "text the upstream saw, and the body shows what the client gets back, restored:",
             "",
             f"  curl -s -i {base}/v1/chat/completions -H 'content-type: application/json' \\",
-            "    -d '{\"model\":\"demo\",\"messages\":[{\"role\":\"user\",\"content\":"
-            "\"Mail jane.doe@example.com, card 4111 1111 1111 1111\"}]}'",
+            '    -d \'{"model":"demo","messages":[{"role":"user","content":'
+            '"Mail jane.doe@example.com, card 4111 1111 1111 1111"}]}\'',
             "",
-            f"  curl -s http://127.0.0.1:{settings.fake_upstream_port}/_fake/received   # what the upstream saw",
+            f"  curl -s http://127.0.0.1:{settings.fake_upstream_port}/_fake/received  # all it got",
         ]
     lines.append("")
-    lines.append("Ctrl-C stops everything." if sys.stdin.isatty() else "")
+    lines.append("make down stops everything." if detached else "Ctrl-C stops everything.")
     return "\n".join(lines)
 
 
@@ -299,7 +318,8 @@ def run(settings: Settings, *, quiet: bool = False) -> int:
         return 1
     (settings.run_dir / "pids" / "supervisor.pid").write_text(str(os.getpid()))
     ready_marker.write_text(str(os.getpid()))
-    print(banner(settings), flush=True)
+    if not quiet:
+        print(banner(settings), flush=True)
     code = 0
     while not stopping:
         dead = stack.failed()
@@ -339,7 +359,7 @@ def up(settings: Settings) -> int:
     deadline = time.monotonic() + READY_TIMEOUT + 15
     while time.monotonic() < deadline:
         if (run_dir / "stack.ready").exists():
-            print(banner(settings))
+            print(banner(settings, detached=True))
             return 0
         if supervisor.poll() is not None or (run_dir / "stack.failed").exists():
             supervisor.wait(timeout=STOP_TIMEOUT + 10)

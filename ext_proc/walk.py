@@ -200,8 +200,10 @@ class LeafWalker:
                 self.stats.skipped_system += 1
                 out[key] = item
                 continue
-            if not caller and isinstance(item, str) and (
-                key in STRUCTURAL_KEYS or (key == "name" and not is_message)
+            if (
+                not caller
+                and isinstance(item, str)
+                and (key in STRUCTURAL_KEYS or (key == "name" and not is_message))
             ):
                 self.stats.skipped_structural += 1
                 out[key] = item

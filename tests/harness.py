@@ -90,7 +90,9 @@ class RunningStack:
         return f"https://127.0.0.1:{self.settings.tls_port}"
 
 
-def stack_env(run_dir: Path, policy_dir: Path, redis_url: str, upstream_url: str, workers: int = 2) -> dict[str, str]:
+def stack_env(
+    run_dir: Path, policy_dir: Path, redis_url: str, upstream_url: str, workers: int = 2
+) -> dict[str, str]:
     return {
         **os.environ,
         "RUN_DIR": str(run_dir),

@@ -1,0 +1,76 @@
+"""Helpers for end-to-end tests: invented values, raw HTTP, and leak checks on what arrived upstream."""
+
+from __future__ import annotations
+
+import http.client
+import json
+from dataclasses import dataclass
+from typing import Any
+
+# Invented values of each catalog kind (reserved domains, test card numbers, documentation keys).
+SAMPLES: dict[str, str] = {
+    "EMAIL": "jane.roe@example.com",
+    "CREDIT_CARD": "4111 1111 1111 1111",
+    "PHONE": "+1 212-555-0143",
+    "SSN": "123-45-6789",
+    "IBAN": "DE89 3704 0044 0532 0130 00",
+    "IP": "198.51.100.23",  # a documentation address: redacted unless the policy skips them
+    "AWS_ACCESS_KEY": "AKIAZ3MHQ4EXAMPLE7QK",
+    "GITHUB_TOKEN": "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8",
+    "OPENAI_KEY": "sk-proj-" + "Zx9Qw8Er7Ty6Ui5Op4As3Df2Gh1Jk0LzXcVbNm",
+}
+
+SENTENCE = (
+    f"Mail {SAMPLES['EMAIL']} or call {SAMPLES['PHONE']}; card {SAMPLES['CREDIT_CARD']}, "
+    f"SSN {SAMPLES['SSN']}, IBAN {SAMPLES['IBAN']}, host {SAMPLES['IP']}, "
+    f"keys {SAMPLES['AWS_ACCESS_KEY']} {SAMPLES['GITHUB_TOKEN']} {SAMPLES['OPENAI_KEY']}."
+)
+
+
+def leaked(data: bytes | str) -> list[str]:
+    """The kinds whose sample value appears in `data`, raw or JSON-escaped (never the values)."""
+    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+    found = []
+    for kind, value in SAMPLES.items():
+        escaped = json.dumps(value)[1:-1]
+        if value in text or escaped in text or json.dumps(escaped)[1:-1] in text:
+            found.append(kind)
+    return found
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def request(
+    port: int,
+    method: str,
+    path: str,
+    body: bytes | str | dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+    *,
+    timeout: float = 15.0,
+) -> Reply:
+    """Raw HTTP/1.1 with the path sent exactly as given (no client-side normalisation)."""
+    if isinstance(body, dict):
+        body = json.dumps(body)
+    if isinstance(body, str):
+        body = body.encode("utf-8")
+    all_headers = {"content-type": "application/json", **(headers or {})}
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        connection.request(method, path, body=body, headers=all_headers)
+        response = connection.getresponse()
+        return Reply(response.status, {k.lower(): v for k, v in response.getheaders()}, response.read())
+    finally:
+        connection.close()
+
+
+def chat_body(content: str, **extra: Any) -> dict[str, Any]:
+    return {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": content}], **extra}
