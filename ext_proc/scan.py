@@ -8,9 +8,10 @@ on stdout, not on stderr.
     scan [--sets pii,pci,secrets | --policy FILE]            text on stdin → one finding per line
     scan --jsonl [--sets … | --policy FILE]                  {"text": …} lines → {"findings": […]}
 
-Declared subjects (`"subject"` in a `--jsonl` line) are refused with exit status 2 until the
-subject matchers exist: reporting catalog findings alone for such a line would understate what
-the server redacts.
+Blank `--jsonl` lines are skipped. Declared subjects (a non-null `"subject"` in a line) stop
+the run with exit status 2 until the subject matchers exist (lines before it are answered):
+reporting catalog findings alone for such a line would understate what the server redacts.
+Exit status 1 is a detection failure (a regex timeout), reported without the text.
 """
 
 from __future__ import annotations
@@ -81,16 +82,12 @@ def _catalog(args: argparse.Namespace) -> Catalog:
             policy = load_policy_file(args.policy)
         except Exception as exc:  # the policy loader names file, key and reason itself
             raise _UsageError(f"cannot use policy {args.policy}: {exc}") from None
-        return Catalog.for_sets(
-            policy.sets, skip_documentation_ips=bool(policy.skip_documentation_ips)
-        )
+        return Catalog.for_sets(policy.sets, skip_documentation_ips=bool(policy.skip_documentation_ips))
     sets_arg = getattr(args, "sets", None)
     sets = ALL_SETS if sets_arg is None else tuple(s.strip() for s in sets_arg.split(",") if s.strip())
     unknown = [s for s in sets if s not in ALL_SETS]
     if unknown:
-        raise _UsageError(
-            f"unknown set(s) {', '.join(unknown)}; choose from {', '.join(ALL_SETS)}"
-        )
+        raise _UsageError(f"unknown set(s) {', '.join(unknown)}; choose from {', '.join(ALL_SETS)}")
     return Catalog.for_sets(sets)
 
 
