@@ -15,6 +15,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote_plus
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
@@ -22,11 +23,14 @@ from ext_proc import envoy
 from ext_proc.bootstrap import ADMIN_ROUTE
 from ext_proc.catalog import Catalog
 from ext_proc.dialects import RouteInfo, classify
+from ext_proc.egress import check_body, own_markers
 from ext_proc.errors import DetectionError, Refusal
 from ext_proc.placeholders import PlaceholderMap
 from ext_proc.policy import Policy, PolicySet
 from ext_proc.redact import Replacement, resolve_overlaps, reversible, rewrite, strip
 from ext_proc.restore import Restorer, SseRestorer, restore_json_body
+from ext_proc.subject_header import SubjectHeader, SubjectHeaderError, parse_subject_header
+from ext_proc.subjects import CompiledSubjects, compile_subjects
 from ext_proc.walk import LeafWalker, dump_json, parse_json
 
 log = logging.getLogger("cordon.exchange")
@@ -37,6 +41,7 @@ SUBJECT_HEADER = "x-cordon-subject"
 # Never forwarded: the filter's own headers, and accept-encoding so replies arrive readable.
 REMOVED_REQUEST_HEADERS = ("x-cordon-subject", "x-tenant", "x-redact-mode", "accept-encoding")
 TEXT_TYPES = ("application/json", "text/", "application/problem+json")
+MEDIA_STRICTNESS = {"allow": 0, "mask": 1, "block": 2}
 
 
 @dataclass(slots=True)
@@ -91,6 +96,8 @@ class Exchange:
     decision: str = "forwarded"
     stage: str | None = None
     gap: str | None = None  # a detection failure forwarded under failMode: open
+    header: SubjectHeader | None = None
+    subjects: CompiledSubjects | None = None
     response_kind: str = "none"  # none | buffered | sse
     sse: SseRestorer | None = None
     started: float = field(default_factory=time.perf_counter)
@@ -130,23 +137,51 @@ class Exchange:
         self.policy = self.runtime.policies.for_api_key(api_key(headers))
         if self.route.provider not in self.policy.upstreams:
             raise Refusal(403, "policy", f"this tenant may not reach the {self.route.provider} upstream")
-        if headers.get(SUBJECT_HEADER) is not None:
-            # Never fall back to pattern-only redaction for a request that names its subjects.
+        raw_subject = headers.get(SUBJECT_HEADER)
+        if raw_subject is not None:
+            self.read_subjects(raw_subject, path)
+        elif self.policy.require_subject:
             raise Refusal(
-                422,
-                "policy",
-                "declared subjects (X-Cordon-Subject) are not supported by this version; "
-                "the request was refused rather than redacted by pattern only",
+                400, "request", "this tenant requires an X-Cordon-Subject header", code="subject_required"
             )
         encoding = (headers.get("content-encoding") or "identity").strip().lower()
         if encoding != "identity":
             raise Refusal(415, "request", "compressed request bodies cannot be read; send them uncompressed")
-        if self.policy.mode == "off" or headers.end_of_stream:
+        if self.policy.mode == "off" or (headers.end_of_stream and self.subjects is None):
             # Nothing to redact, so nothing to restore: Envoy need not call again for this exchange.
             mode = envoy.body_modes(envoy.NONE, envoy.NONE, skip_response_headers=True)
             self.finish_log()
             return envoy.request_headers(remove=REMOVED_REQUEST_HEADERS, mode=mode)
+        if headers.end_of_stream:
+            # A subject request without a body: its path was checked above; nothing to restore.
+            mode = envoy.body_modes(envoy.NONE, envoy.NONE, skip_response_headers=True)
+            self.finish_log()
+            return envoy.request_headers(remove=REMOVED_REQUEST_HEADERS, mode=mode)
         return envoy.request_headers(remove=REMOVED_REQUEST_HEADERS)
+
+    def read_subjects(self, raw: str, path: str) -> None:
+        """Parse and compile the declared subjects; anything unreadable is a 400, never a fallback."""
+        assert self.policy is not None
+        try:
+            self.header = parse_subject_header(raw)
+            self.subjects = compile_subjects(self.header)
+        except SubjectHeaderError as exc:
+            raise Refusal(400, "request", f"X-Cordon-Subject: {exc}", code="invalid_subject_header") from None
+        except Exception:
+            log.exception('{"event":"subject_compile_failed"}')
+            raise Refusal(422, "detection", "the declared subjects could not be compiled") from None
+        if self.policy.mode == "off":
+            raise Refusal(
+                422,
+                "policy",
+                "this tenant does not redact (mode: off); a request declaring subjects is refused",
+            )
+        # The path leaves too: read it as sent and percent-decoded (`mq%40example.com`).
+        survivor = self.subjects.first_survivor(path) or self.subjects.first_survivor(unquote_plus(path))
+        if survivor is not None:
+            raise Refusal(
+                422, "egress", f"a declared identifier ({survivor}) is in the request path", kind=survivor
+            )
 
     def on_request_body(self, body: pb.HttpBody) -> pb.ProcessingResponse:
         assert self.route is not None and self.policy is not None
@@ -161,6 +196,11 @@ class Exchange:
                 400, "request", "the request body is not valid UTF-8", code="invalid_json"
             ) from None
         doc = parse_json(text)
+        if self.subjects is not None:
+            try:
+                return self.subject_body(raw, doc)
+            finally:
+                self.timings["redact_ms"] = round((time.perf_counter() - start) * 1000, 3)
         try:
             new_doc, changed = self.redact_document(doc)
         except DetectionError as exc:
@@ -178,6 +218,51 @@ class Exchange:
             return envoy.request_body()
         return envoy.request_body(dump_json(new_doc))
 
+    def subject_body(self, raw: bytes, doc: Any) -> pb.ProcessingResponse:
+        """A request that declares subjects: redact, apply the media policy, then the egress check.
+
+        Any failure refuses the request whatever failMode says (SPEC §11).
+        """
+        assert self.route is not None and self.policy is not None and self.subjects is not None
+        try:
+            self.apply_media_policy(doc)
+            new_doc, changed = self.redact_document(doc)
+            body = dump_json(new_doc) if changed else raw
+            check_start = time.perf_counter()
+            hit = check_body(body, self.route.dialect, self.subjects, markers=own_markers(self.pmap.nonce))
+            self.timings["egress_ms"] = round((time.perf_counter() - check_start) * 1000, 3)
+        except Refusal:
+            raise
+        except DetectionError as exc:
+            raise Refusal(422, "detection", f"detection failed ({exc}); the request was refused") from None
+        except Exception:
+            log.exception('{"event":"subject_pipeline_failed"}')
+            raise Refusal(422, "detection", "detection failed; the request was refused") from None
+        if hit is not None:
+            raise Refusal(
+                422,
+                "egress",
+                f"a declared identifier ({hit.label}) would still have left in the request body",
+                kind=hit.label,
+            )
+        return envoy.request_body(body if changed else None)
+
+    def apply_media_policy(self, doc: Any) -> None:
+        assert self.route is not None and self.policy is not None and self.header is not None
+        parts = list(self.route.dialect.media(doc))
+        if not parts:
+            return
+        choices = [self.policy.subject_media, self.header.media or "allow"]
+        effective = max(choices, key=MEDIA_STRICTNESS.__getitem__)
+        if effective == "block":
+            raise Refusal(
+                422, "media", f"{len(parts)} media part(s) in a request that declares subjects (media: block)"
+            )
+        if effective == "mask":
+            raise Refusal(
+                422, "media", "media masking by OCR is not available in this version; the request was refused"
+            )
+
     def redact_document(self, doc: Any) -> tuple[Any, bool]:
         assert self.route is not None and self.policy is not None
         policy = self.policy
@@ -185,9 +270,12 @@ class Exchange:
         replacement: Replacement = reversible(self.pmap) if policy.mode == "reversible" else strip
         counts = self.counts
         detect = catalog.detect
+        subject_detect = self.subjects.detect if self.subjects is not None else None
 
         def visit(text: str) -> str:
             findings = detect(text)
+            if subject_detect is not None:
+                findings = [*findings, *subject_detect(text)]
             if not findings:
                 return text
             return rewrite(text, resolve_overlaps(findings), replacement, counts)

@@ -33,7 +33,6 @@ DEFAULT_TENANT = "default"
 # time (naming the knob) instead of being silently weaker than it reads.
 NOT_YET_SUPPORTED: dict[str, str] = {
     "consistentPseudonyms": "consistent pseudonyms (and the vault) are not implemented yet",
-    "requireSubject": "declared subjects (X-Cordon-Subject) are not implemented yet",
     "reportOnly": "report-only mode is not implemented yet",
     "allowHeaderOverride": "the X-Redact-Mode header override is not implemented yet",
 }

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.fake_upstream import FakeUpstream
 from tests.harness import RunningStack, running_stack
 
 
@@ -16,7 +17,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
 
 
 @pytest.fixture
-def upstream(stack: RunningStack):  # type: ignore[no-untyped-def]
+def upstream(stack: RunningStack) -> FakeUpstream:
+    """The session's fake upstream, emptied and back to its default behaviour for each test."""
     stack.upstream.clear()
-    stack.upstream.set_behaviour() if hasattr(stack.upstream, "set_behaviour") else None
+    stack.upstream.set_behaviour()
     return stack.upstream

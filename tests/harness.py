@@ -28,6 +28,8 @@ KEYS = {
     "nosystem": "sk-test-tenant-nosystem",
     "openai-only": "sk-test-tenant-openai-only",
     "open": "sk-test-tenant-failopen",
+    "require": "sk-test-tenant-require-subject",
+    "allow-media": "sk-test-tenant-allow-media",
 }
 
 
@@ -48,6 +50,8 @@ def write_policies(directory: Path) -> None:
         "nosystem": "redactSystem: false",
         "openai-only": "upstreams: [openai]",
         "open": "failMode: open",
+        "require": "requireSubject: true",
+        "allow-media": "subjectMedia: allow",
     }
     for name, knob in tenants.items():
         digest = hash_api_key(KEYS[name])

@@ -13,6 +13,7 @@ import openai
 import pytest
 
 from tests.e2e_support import SENTENCE, leaked
+from tests.fake_upstream import FakeUpstream
 from tests.harness import RunningStack
 
 pytestmark = pytest.mark.e2e
@@ -61,7 +62,7 @@ def test_catalog_flags_every_sample() -> None:
         assert covering, f"the catalog does not flag the {kind} sample"
 
 
-def test_chat_plain(stack: RunningStack, upstream) -> None:  # type: ignore[no-untyped-def]
+def test_chat_plain(stack: RunningStack, upstream: FakeUpstream) -> None:
     reply = oa(stack).chat.completions.create(
         model="gpt-4o-mini", messages=[{"role": "user", "content": SENTENCE}]
     )
@@ -71,7 +72,7 @@ def test_chat_plain(stack: RunningStack, upstream) -> None:  # type: ignore[no-u
     assert "<EMAIL_" in sent and "<CREDIT_CARD_" in sent
 
 
-def test_chat_streamed_with_usage(stack: RunningStack, upstream) -> None:  # type: ignore[no-untyped-def]
+def test_chat_streamed_with_usage(stack: RunningStack, upstream: FakeUpstream) -> None:
     stream = oa(stack).chat.completions.create(
         model="gpt-4o-mini",
         messages=[{"role": "user", "content": SENTENCE}],
@@ -90,7 +91,9 @@ def test_chat_streamed_with_usage(stack: RunningStack, upstream) -> None:  # typ
 
 
 @pytest.mark.parametrize("chunk_bytes", [1, 7])
-def test_chat_streamed_split_at_odd_places(stack: RunningStack, upstream, chunk_bytes: int) -> None:  # type: ignore[no-untyped-def]
+def test_chat_streamed_split_at_odd_places(
+    stack: RunningStack, upstream: FakeUpstream, chunk_bytes: int
+) -> None:
     client = oa(stack, **{"x-fake-chunk-bytes": str(chunk_bytes)})
     stream = client.chat.completions.create(
         model="gpt-4o-mini", messages=[{"role": "user", "content": SENTENCE}], stream=True
@@ -111,7 +114,7 @@ TOOLS = [
 ]
 
 
-def test_chat_tool_call_plain_and_streamed(stack: RunningStack, upstream) -> None:  # type: ignore[no-untyped-def]
+def test_chat_tool_call_plain_and_streamed(stack: RunningStack, upstream: FakeUpstream) -> None:
     client = oa(stack, **{"x-fake-tool": "1"})
     messages = [{"role": "user", "content": SENTENCE}]
     reply = client.chat.completions.create(model="gpt-4o-mini", messages=messages, tools=TOOLS)
@@ -127,7 +130,7 @@ def test_chat_tool_call_plain_and_streamed(stack: RunningStack, upstream) -> Non
     upstream_clean(stack, 2)
 
 
-def test_chat_history_with_tool_arguments_is_redacted(stack: RunningStack, upstream) -> None:  # type: ignore[no-untyped-def]
+def test_chat_history_with_tool_arguments_is_redacted(stack: RunningStack, upstream: FakeUpstream) -> None:
     args = json.dumps({"note": SENTENCE, "meta": {"cc": SENTENCE}})
     messages = [
         {"role": "system", "content": "Operator contact: " + SENTENCE},
@@ -150,7 +153,7 @@ def test_chat_history_with_tool_arguments_is_redacted(stack: RunningStack, upstr
     assert sent["messages"][2]["tool_calls"][0]["function"]["name"] == "send_note"
 
 
-def test_responses_plain_streamed_and_function_call(stack: RunningStack, upstream) -> None:  # type: ignore[no-untyped-def]
+def test_responses_plain_streamed_and_function_call(stack: RunningStack, upstream: FakeUpstream) -> None:
     client = oa(stack)
     reply = client.responses.create(model="gpt-4o-mini", input=SENTENCE, instructions="Be brief. " + SENTENCE)
     assert reply.output_text == ECHO + SENTENCE
@@ -170,7 +173,9 @@ def test_responses_plain_streamed_and_function_call(stack: RunningStack, upstrea
     upstream_clean(stack, 3)
 
 
-def test_responses_input_items_of_every_shape_are_redacted(stack: RunningStack, upstream) -> None:  # type: ignore[no-untyped-def]
+def test_responses_input_items_of_every_shape_are_redacted(
+    stack: RunningStack, upstream: FakeUpstream
+) -> None:
     body_input = [
         {"role": "user", "content": [{"type": "input_text", "text": SENTENCE}]},
         {
@@ -198,7 +203,7 @@ def test_responses_input_items_of_every_shape_are_redacted(stack: RunningStack, 
     upstream_clean(stack)
 
 
-def test_anthropic_plain_streamed_tool_and_thinking(stack: RunningStack, upstream) -> None:  # type: ignore[no-untyped-def]
+def test_anthropic_plain_streamed_tool_and_thinking(stack: RunningStack, upstream: FakeUpstream) -> None:
     client = an(stack)
     messages = [{"role": "user", "content": SENTENCE}]
     reply = client.messages.create(
@@ -226,7 +231,7 @@ def test_anthropic_plain_streamed_tool_and_thinking(stack: RunningStack, upstrea
     upstream_clean(stack, 5)
 
 
-def test_anthropic_tool_result_history_is_redacted(stack: RunningStack, upstream) -> None:  # type: ignore[no-untyped-def]
+def test_anthropic_tool_result_history_is_redacted(stack: RunningStack, upstream: FakeUpstream) -> None:
     messages = [
         {"role": "user", "content": "hi"},
         {
@@ -257,7 +262,7 @@ def test_anthropic_tool_result_history_is_redacted(stack: RunningStack, upstream
     upstream_clean(stack)
 
 
-def test_escaped_brackets_from_the_provider_are_restored(stack: RunningStack, upstream) -> None:  # type: ignore[no-untyped-def]
+def test_escaped_brackets_from_the_provider_are_restored(stack: RunningStack, upstream: FakeUpstream) -> None:
     client = oa(stack, **{"x-fake-escape-brackets": "1"})
     reply = client.chat.completions.create(
         model="gpt-4o-mini", messages=[{"role": "user", "content": SENTENCE}]
@@ -269,7 +274,7 @@ def test_escaped_brackets_from_the_provider_are_restored(stack: RunningStack, up
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == ECHO + SENTENCE
 
 
-def test_a_placeholder_typed_by_the_user_is_left_alone(stack: RunningStack, upstream) -> None:  # type: ignore[no-untyped-def]
+def test_a_placeholder_typed_by_the_user_is_left_alone(stack: RunningStack, upstream: FakeUpstream) -> None:
     lookalike = "keep <EMAIL_0123abcd_1> and <EMAIL_1> as typed; mail " + "jane.roe@example.com"
     reply = oa(stack).chat.completions.create(
         model="gpt-4o-mini", messages=[{"role": "user", "content": lookalike}]
@@ -279,7 +284,7 @@ def test_a_placeholder_typed_by_the_user_is_left_alone(stack: RunningStack, upst
     assert "<EMAIL_0123abcd_1>" in sent and "<EMAIL_1>" in sent
 
 
-def test_tls_listener(stack: RunningStack, upstream) -> None:  # type: ignore[no-untyped-def]
+def test_tls_listener(stack: RunningStack, upstream: FakeUpstream) -> None:
     import ssl
 
     context = ssl.create_default_context(cafile=str(stack.ca_file))
