@@ -105,7 +105,6 @@ def render_routes() -> str:
 
 
 def render_filters(settings: Settings) -> str:
-    del settings  # the filter chain does not vary with the settings today
     filters = textwrap.dedent(
         """\
         - name: envoy.filters.http.ext_proc
@@ -113,7 +112,7 @@ def render_filters(settings: Settings) -> str:
             "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
             grpc_service:
               envoy_grpc: {cluster_name: ext_proc}
-              timeout: 30s
+              timeout: 300s
             failure_mode_allow: false
             allow_mode_override: true
             processing_mode:
@@ -124,13 +123,13 @@ def render_filters(settings: Settings) -> str:
               request_trailer_mode: SKIP
               response_trailer_mode: SKIP
             request_attributes: ["xds.route_name"]
-            message_timeout: 5s
+            message_timeout: {timeout}s
             max_message_timeout: 300s
         - name: envoy.filters.http.router
           typed_config:
             "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
         """
-    )
+    ).replace("{timeout}", str(settings.message_timeout_seconds))
     return textwrap.indent(filters, " " * 10)
 
 

@@ -100,6 +100,7 @@ class Settings:
     upstream_ca_file: Path
     fake_upstream_port: int
     log_level: str
+    message_timeout_seconds: int
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -132,6 +133,7 @@ class Settings:
             upstream_ca_file=Path(env.get("UPSTREAM_CA_FILE", "/etc/ssl/certs/ca-certificates.crt")),
             fake_upstream_port=_int(env, "FAKE_UPSTREAM_PORT", 18080, low=1, high=65535),
             log_level=env.get("LOG_LEVEL", "INFO").upper(),
+            message_timeout_seconds=_int(env, "EXTPROC_MESSAGE_TIMEOUT", 60, low=1, high=300),
         )
 
     @property

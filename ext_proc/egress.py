@@ -133,7 +133,8 @@ class _Reader:
         if isinstance(value, dict):
             ident = id(value)
             for key, item in value.items():
-                hit = self.finder.first_survivor(key)
+                # A key is read exactly like a value: literals expanded, JSON inside it parsed.
+                hit = self.text(key, depth)
                 if hit is not None:
                     return hit
                 if (ident, key) in self.media:

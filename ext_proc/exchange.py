@@ -42,6 +42,9 @@ SUBJECT_HEADER = "x-cordon-subject"
 REMOVED_REQUEST_HEADERS = ("x-cordon-subject", "x-tenant", "x-redact-mode", "accept-encoding")
 TEXT_TYPES = ("application/json", "text/", "application/problem+json")
 MEDIA_STRICTNESS = {"allow": 0, "mask": 1, "block": 2}
+# Headers a subject request's identifiers are not looked for in: credentials (random strings that
+# could spell a short id by chance), the header itself (removed) and framing.
+UNREAD_HEADERS = frozenset({"authorization", "x-api-key", SUBJECT_HEADER, "content-length", "content-type"})
 
 
 @dataclass(slots=True)
@@ -140,6 +143,7 @@ class Exchange:
         raw_subject = headers.get(SUBJECT_HEADER)
         if raw_subject is not None:
             self.read_subjects(raw_subject, path)
+            self.check_headers(headers)
         elif self.policy.require_subject:
             raise Refusal(
                 400, "request", "this tenant requires an X-Cordon-Subject header", code="subject_required"
@@ -182,6 +186,20 @@ class Exchange:
             raise Refusal(
                 422, "egress", f"a declared identifier ({survivor}) is in the request path", kind=survivor
             )
+
+    def check_headers(self, headers: Headers) -> None:
+        """Header values leave too: a subject request whose headers carry an identifier is refused."""
+        assert self.subjects is not None
+        for name, value in headers.values.items():
+            if name in UNREAD_HEADERS or name.startswith(":"):
+                continue
+            survivor = self.subjects.first_survivor(f"{name} {value}")
+            if survivor is None and "%" in value:
+                survivor = self.subjects.first_survivor(unquote_plus(value))
+            if survivor is not None:
+                raise Refusal(
+                    422, "egress", f"a declared identifier ({survivor}) is in a request header", kind=survivor
+                )
 
     def on_request_body(self, body: pb.HttpBody) -> pb.ProcessingResponse:
         assert self.route is not None and self.policy is not None
@@ -249,7 +267,9 @@ class Exchange:
 
     def apply_media_policy(self, doc: Any) -> None:
         assert self.route is not None and self.policy is not None and self.header is not None
-        parts = list(self.route.dialect.media(doc))
+        parts = list(
+            {(id(part.container), part.key): part for part in self.route.dialect.media(doc)}.values()
+        )
         if not parts:
             return
         choices = [self.policy.subject_media, self.header.media or "allow"]

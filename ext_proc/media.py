@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import regex
+
 Source = Literal["base64", "data_url", "url", "file_id", "reference"]
 
 
@@ -30,8 +32,16 @@ class MediaPart:
         return self.source in ("base64", "data_url")
 
 
+# A data: URL is payload bytes only when it says so: base64 of a binary media type. Anything else
+# (`data:text/plain,…`, a non-base64 URL) is text, and is read as text.
+BINARY_DATA_URL = regex.compile(
+    r"(?i)data:(?:image|audio|video)/[a-z0-9.+\-]+(?:;[^,;]*)*;base64,"
+    r"|data:application/(?:pdf|octet-stream)(?:;[^,;]*)*;base64,"
+)
+
+
 def _is_data_url(value: str) -> bool:
-    return value[:5].lower() == "data:"  # the scheme is case-insensitive (RFC 3986)
+    return BINARY_DATA_URL.match(value[:200]) is not None
 
 
 def _str_at(container: object, key: str) -> bool:
@@ -42,6 +52,17 @@ def _url_part(media: str, container: object, key: str) -> Iterator[MediaPart]:
     if isinstance(container, dict) and _str_at(container, key):
         source: Source = "data_url" if _is_data_url(container[key]) else "url"
         yield MediaPart(media, source, container, key)
+
+
+def _file_data(media: str, container: dict[str, Any], key: str) -> Iterator[MediaPart]:
+    """`file_data`: a binary data: URL or bare base64 is bytes; any other data: URL is text."""
+    data = container[key]
+    if _is_data_url(data):
+        yield MediaPart(media, "data_url", container, key)
+    elif data[:5].lower() == "data:":
+        yield MediaPart(media, "url", container, key)
+    else:
+        yield MediaPart(media, "base64", container, key)
 
 
 def _id_part(media: str, container: object, key: str) -> Iterator[MediaPart]:
@@ -71,8 +92,7 @@ def _chat_part(part: dict[str, Any]) -> Iterator[MediaPart]:
         file = part.get("file")
         if isinstance(file, dict):
             if _str_at(file, "file_data"):
-                data = file["file_data"]
-                yield MediaPart("file", "data_url" if _is_data_url(data) else "base64", file, "file_data")
+                yield from _file_data("file", file, "file_data")
             yield from _id_part("file", file, "file_id")
 
 
@@ -97,8 +117,7 @@ def _responses_part(part: dict[str, Any]) -> Iterator[MediaPart]:
         yield from _id_part("image", part, "file_id")
     elif kind == "input_file":
         if _str_at(part, "file_data"):
-            data = part["file_data"]
-            yield MediaPart("file", "data_url" if _is_data_url(data) else "base64", part, "file_data")
+            yield from _file_data("file", part, "file_data")
         yield from _url_part("file", part, "file_url")
         yield from _id_part("file", part, "file_id")
     elif kind == "input_audio":
@@ -115,7 +134,7 @@ def responses_media(doc: object) -> Iterator[MediaPart]:
         if kind == "message" or (kind is None and "role" in item):
             for part in _dicts(item.get("content")):
                 yield from _responses_part(part)
-        elif kind == "function_call_output":
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             for part in _dicts(item.get("output")):
                 yield from _responses_part(part)
         elif kind == "computer_call_output":
@@ -124,6 +143,13 @@ def responses_media(doc: object) -> Iterator[MediaPart]:
                 yield from _responses_part(output)
         elif kind == "image_generation_call" and _str_at(item, "result"):
             yield MediaPart("image", "base64", item, "result")
+    prompt = doc.get("prompt")
+    variables = prompt.get("variables") if isinstance(prompt, dict) else None
+    if isinstance(variables, dict):
+        # A prompt variable may be an input_image / input_file part.
+        for value in variables.values():
+            if isinstance(value, dict):
+                yield from _responses_part(value)
 
 
 # --- Anthropic Messages ------------------------------------------------------------------------
@@ -160,5 +186,55 @@ def messages_media(doc: object) -> Iterator[MediaPart]:
             yield from _anthropic_block(block, 0)
 
 
-def no_media(doc: object) -> Iterator[MediaPart]:
-    return iter(())
+def message_batches_media(doc: object) -> Iterator[MediaPart]:
+    """Anthropic message batches: each request's `params` is a Messages body."""
+    if not isinstance(doc, dict):
+        return
+    for entry in _dicts(doc.get("requests")):
+        yield from messages_media(entry.get("params"))
+
+
+# --- any other endpoint ------------------------------------------------------------------------
+
+_PART_TYPES = frozenset(
+    {
+        "image_url",
+        "input_audio",
+        "file",
+        "input_image",
+        "input_file",
+        "computer_screenshot",
+        "image",
+        "document",
+    }
+)
+
+
+def any_media(doc: object) -> Iterator[MediaPart]:
+    """An endpoint whose schema is unknown: every media-shaped part and binary data: URL counts.
+
+    Without a schema, nothing tells a tool input from a message part, so this errs towards media:
+    the policy of a subject request then judges them (block refuses), and their bytes are not
+    read as text (they carry no text to read).
+    """
+    yield from _any_media(doc, 0)
+
+
+def _any_media(value: object, depth: int) -> Iterator[MediaPart]:
+    if depth > 64:  # the walk refuses such nesting anyway
+        return
+    if isinstance(value, dict):
+        kind = value.get("type")
+        if kind in _PART_TYPES:
+            yield from _chat_part(value)
+            yield from _responses_part(value)
+            yield from _anthropic_block(value, 0)
+        for key, item in value.items():
+            if isinstance(item, str):
+                if _is_data_url(item) and kind not in _PART_TYPES:
+                    yield MediaPart("file", "data_url", value, key)
+            else:
+                yield from _any_media(item, depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _any_media(item, depth + 1)

@@ -32,6 +32,7 @@ from ext_proc.policy import load_policy_dir
 log = logging.getLogger("cordon.server")
 
 DRAIN_SECONDS = 20.0
+LARGE_BODY_BYTES = 256 * 1024
 SERVICE_NAME = "envoy.service.ext_proc.v3.ExternalProcessor"
 
 
@@ -46,9 +47,23 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
         async for request in request_iterator:
             # An exception here ends the stream with a gRPC error; Envoy, with failure_mode_allow
             # false, then answers 500 (or resets a reply stream): nothing unprocessed goes through.
-            response = exchange.handle(request)
+            if _body_size(request) > LARGE_BODY_BYTES:
+                # Reading a large body takes long enough to starve the health checks and the other
+                # exchanges of this worker; a thread keeps the event loop answering meanwhile.
+                response = await asyncio.to_thread(exchange.handle, request)
+            else:
+                response = exchange.handle(request)
             if response is not None:
                 yield response
+
+
+def _body_size(request: pb.ProcessingRequest) -> int:
+    phase = request.WhichOneof("request")
+    if phase == "request_body":
+        return len(request.request_body.body)
+    if phase == "response_body":
+        return len(request.response_body.body)
+    return 0
 
 
 def ready_file(settings: Settings, index: int) -> Path:

@@ -16,6 +16,7 @@ Nesting beyond `MAX_DEPTH` (JSON inside strings included) is refused, never half
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,22 +71,39 @@ class NotJson(Refusal):
         super().__init__(400, "request", f"the request body is not valid JSON: {reason}", code="invalid_json")
 
 
+class AmbiguousJson(NotJson):
+    """JSON that parsers read differently (a key twice, NaN, a number no float can hold).
+
+    Refused wherever it is, also inside a string: reading it one way while the upstream (or a tool)
+    reads it another is how a value would slip past the walk.
+    """
+
+
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out = dict(pairs)
     if len(out) != len(pairs):
         # Which value would the upstream take? Parsers disagree; refuse rather than guess.
-        raise NotJson("an object has the same key twice")
+        raise AmbiguousJson("an object has the same key twice")
     return out
 
 
+def _no_constants(name: str) -> Any:
+    raise AmbiguousJson(f"{name} is not JSON")
+
+
+def _finite(literal: str) -> float:
+    number = float(literal)
+    if math.isinf(number):
+        raise AmbiguousJson("a number is too large to represent")
+    return number
+
+
 def parse_json(text: str) -> Any:
-    """Parse strictly: duplicate keys and NaN/Infinity are refused (the upstream may read them otherwise)."""
-
-    def no_constants(name: str) -> Any:
-        raise NotJson(f"{name} is not JSON")
-
+    """Parse strictly: duplicate keys, NaN/Infinity and overflowing numbers are refused."""
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=no_constants)
+        return json.loads(
+            text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants, parse_float=_finite
+        )
     except RecursionError:
         raise NestingTooDeep() from None
     except json.JSONDecodeError as exc:
@@ -139,6 +157,8 @@ class LeafWalker:
         if len(stripped) >= 2 and stripped[0] in "{[" and stripped[-1] in "}]":
             try:
                 inner = parse_json(text)
+            except AmbiguousJson as exc:
+                raise AmbiguousJson(f"JSON inside a string: {exc.message.split(': ', 1)[-1]}") from None
             except NotJson:
                 inner = None
             if isinstance(inner, (dict, list)):

@@ -34,7 +34,7 @@ from ext_proc.dialects import DIALECTS, classify
         ("anthropic", "/v1/messages?beta=true", "anthropic", "messages"),
         ("anthropic", "/v1/messages/count_tokens", "anthropic", "messages"),
         ("anthropic", "/v1/Messages/Count_Tokens?beta=true", "anthropic", "messages"),
-        ("anthropic", "/v1/messages/batches", "anthropic", "generic"),
+        ("anthropic", "/v1/messages/batches", "anthropic", "message_batches"),
         ("anthropic", "/v1/chat/completions", "anthropic", "generic"),
         ("openai-prefixed", "/openai/v1/chat/completions", "openai", "chat"),
         ("openai-prefixed", "/OpenAI/v1/responses?stream=true", "openai", "responses"),
@@ -465,14 +465,6 @@ NOT_MEDIA_CASES: dict[str, tuple[str, dict[str, Any]]] = {
         "messages",
         messages({"type": "image_url", "image_url": {"url": DATA_URL}}),
     ),
-    "generic-embeddings": (
-        "generic",
-        {
-            "model": "text-embedding-3-small",
-            "input": [chat({"type": "image_url", "image_url": {"url": DATA_URL}})],
-        },
-    ),
-    "generic-chat-shaped": ("generic", chat({"type": "image_url", "image_url": {"url": DATA_URL}})),
 }
 
 
@@ -488,6 +480,30 @@ def test_media_found_at_schema_positions(dialect: str, doc: dict[str, Any], expe
         assert part.container[part.key] == expect.payload
         assert part.is_bytes == (expect.source in ("base64", "data_url"))
     assert doc == before  # discovery only reads
+
+
+UNKNOWN_SCHEMA_CASES: dict[str, dict[str, Any]] = {
+    "embeddings-with-a-chat-part": {
+        "model": "text-embedding-3-small",
+        "input": [chat({"type": "image_url", "image_url": {"url": DATA_URL}})],
+    },
+    "chat-shaped": chat({"type": "image_url", "image_url": {"url": DATA_URL}}),
+    "bare-data-url": {"payload": {"attachment": DATA_URL}},
+}
+
+
+@pytest.mark.parametrize("doc", UNKNOWN_SCHEMA_CASES.values(), ids=list(UNKNOWN_SCHEMA_CASES))
+def test_an_unknown_schema_counts_every_media_shaped_part(doc: dict[str, Any]) -> None:
+    """Without a schema nothing tells a tool input from a message part: media-shaped means media."""
+    parts = list(DIALECTS["generic"].media(doc))
+    assert parts and all(p.container[p.key] == DATA_URL and p.is_bytes for p in parts)
+
+
+def test_a_text_data_url_is_not_bytes() -> None:
+    """Only base64 of a binary media type is payload bytes; a data: URL carrying text is read as text."""
+    doc = chat({"type": "image_url", "image_url": {"url": "data:text/plain,hello"}})
+    parts = list(DIALECTS["chat"].media(doc))
+    assert [(p.source, p.is_bytes) for p in parts] == [("url", False)]
 
 
 @pytest.mark.parametrize(("dialect", "doc"), NOT_MEDIA_CASES.values(), ids=list(NOT_MEDIA_CASES))

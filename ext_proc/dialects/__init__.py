@@ -30,6 +30,9 @@ DIALECTS: dict[str, Dialect] = {
     "chat": Dialect("chat", openai_chat.media, openai_chat.system_positions),
     "responses": Dialect("responses", openai_responses.media, openai_responses.system_positions),
     "messages": Dialect("messages", anthropic_messages.media, anthropic_messages.system_positions),
+    "message_batches": Dialect(
+        "message_batches", anthropic_messages.batch_media, anthropic_messages.batch_system_positions
+    ),
     "generic": Dialect("generic", generic.media, generic.system_positions),
 }
 
@@ -37,8 +40,10 @@ DIALECTS: dict[str, Dialect] = {
 PATHS: dict[tuple[str, str], str] = {
     ("openai", "/v1/chat/completions"): "chat",
     ("openai", "/v1/responses"): "responses",
+    ("openai", "/v1/responses/input_tokens"): "responses",
     ("anthropic", "/v1/messages"): "messages",
     ("anthropic", "/v1/messages/count_tokens"): "messages",
+    ("anthropic", "/v1/messages/batches"): "message_batches",
 }
 
 
