@@ -7,6 +7,8 @@ are written by this code, never interpolated from the body.
 
 from __future__ import annotations
 
+import traceback
+from pathlib import Path
 from typing import Literal
 
 Stage = Literal["request", "policy", "detection", "egress", "media", "audit", "routing", "admin"]
@@ -41,3 +43,14 @@ class DetectionError(Exception):
     Never a silent skip: the exchange turns it into a refusal or, for a request without declared
     subjects under `failMode: open`, into a forwarded request with the gap recorded.
     """
+
+
+def describe(exc: BaseException) -> dict[str, str]:
+    """An unexpected exception for the log: its type and innermost frame, never its message.
+
+    A message can quote what the code was handling (a KeyError on a body-derived key prints the
+    key), and logs never hold a value.
+    """
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else "?"
+    return {"error": type(exc).__name__, "where": where}

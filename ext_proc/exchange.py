@@ -24,7 +24,7 @@ from ext_proc.bootstrap import ADMIN_ROUTE
 from ext_proc.catalog import Catalog
 from ext_proc.dialects import RouteInfo, classify
 from ext_proc.egress import check_body, own_markers
-from ext_proc.errors import DetectionError, Refusal
+from ext_proc.errors import DetectionError, Refusal, describe
 from ext_proc.placeholders import PlaceholderMap
 from ext_proc.policy import Policy, PolicySet
 from ext_proc.redact import Replacement, resolve_overlaps, reversible, rewrite, strip
@@ -171,8 +171,8 @@ class Exchange:
             self.subjects = compile_subjects(self.header)
         except SubjectHeaderError as exc:
             raise Refusal(400, "request", f"X-Cordon-Subject: {exc}", code="invalid_subject_header") from None
-        except Exception:
-            log.exception('{"event":"subject_compile_failed"}')
+        except Exception as exc:
+            log.error(json.dumps({"event": "subject_compile_failed", **describe(exc)}))
             raise Refusal(422, "detection", "the declared subjects could not be compiled") from None
         if self.policy.mode == "off":
             raise Refusal(
@@ -253,8 +253,8 @@ class Exchange:
             raise
         except DetectionError as exc:
             raise Refusal(422, "detection", f"detection failed ({exc}); the request was refused") from None
-        except Exception:
-            log.exception('{"event":"subject_pipeline_failed"}')
+        except Exception as exc:
+            log.error(json.dumps({"event": "subject_pipeline_failed", **describe(exc)}))
             raise Refusal(422, "detection", "detection failed; the request was refused") from None
         if hit is not None:
             raise Refusal(

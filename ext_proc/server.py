@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -26,6 +27,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from ext_proc.config import Settings
+from ext_proc.errors import describe
 from ext_proc.exchange import Exchange, Runtime
 from ext_proc.policy import load_policy_dir
 
@@ -45,14 +47,19 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
     ) -> AsyncIterator[pb.ProcessingResponse]:
         exchange = Exchange(self.runtime)
         async for request in request_iterator:
-            # An exception here ends the stream with a gRPC error; Envoy, with failure_mode_allow
-            # false, then answers 500 (or resets a reply stream): nothing unprocessed goes through.
-            if _body_size(request) > LARGE_BODY_BYTES:
-                # Reading a large body takes long enough to starve the health checks and the other
-                # exchanges of this worker; a thread keeps the event loop answering meanwhile.
-                response = await asyncio.to_thread(exchange.handle, request)
-            else:
-                response = exchange.handle(request)
+            try:
+                if _body_size(request) > LARGE_BODY_BYTES:
+                    # Reading a large body takes long enough to starve the health checks and the
+                    # other exchanges of this worker; a thread keeps the event loop answering.
+                    response = await asyncio.to_thread(exchange.handle, request)
+                else:
+                    response = exchange.handle(request)
+            except Exception as exc:
+                # The stream ends with a gRPC error; Envoy, with failure_mode_allow false, answers
+                # 500 (or resets a reply stream): nothing unprocessed goes through. The log names
+                # the error's type and place only: an exception's message can quote the body.
+                log.error(json.dumps({"event": "exchange_failed", **describe(exc)}))
+                await context.abort(grpc.StatusCode.INTERNAL, "processing failed")
             if response is not None:
                 yield response
 

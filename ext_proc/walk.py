@@ -111,7 +111,11 @@ def parse_json(text: str) -> Any:
 
 
 def dump_json(doc: Any) -> bytes:
-    return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    try:
+        return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    except UnicodeEncodeError:
+        # JSON lets `\ud800` through; no UTF-8 (and no two parsers alike) can carry it.
+        raise NotJson("a \\u escape encodes half a character (a lone surrogate)") from None
 
 
 @dataclass(slots=True)

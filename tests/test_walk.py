@@ -249,3 +249,23 @@ def test_pathological_nesting_in_the_body_is_refused_not_crashed() -> None:
 def test_not_json_is_refused(body: str) -> None:
     with pytest.raises(NotJson):
         parse_json(body)
+
+
+def test_a_lone_surrogate_in_a_rewritten_body_is_refused_as_not_json() -> None:
+    from ext_proc.walk import dump_json
+
+    with pytest.raises(NotJson):
+        dump_json({"a": "x\ud800y"})
+
+
+def test_describe_names_the_error_but_never_its_message() -> None:
+    from ext_proc.errors import describe
+
+    secret = "jane.roe@example.com"
+    try:
+        {}[secret]
+    except KeyError as exc:
+        described = describe(exc)
+    assert described["error"] == "KeyError"
+    assert described["where"].startswith("test_walk.py:")
+    assert secret not in json.dumps(described)
