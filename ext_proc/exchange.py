@@ -151,13 +151,10 @@ class Exchange:
         encoding = (headers.get("content-encoding") or "identity").strip().lower()
         if encoding != "identity":
             raise Refusal(415, "request", "compressed request bodies cannot be read; send them uncompressed")
-        if self.policy.mode == "off" or (headers.end_of_stream and self.subjects is None):
+        if self.policy.mode == "off" or headers.end_of_stream:
             # Nothing to redact, so nothing to restore: Envoy need not call again for this exchange.
-            mode = envoy.body_modes(envoy.NONE, envoy.NONE, skip_response_headers=True)
-            self.finish_log()
-            return envoy.request_headers(remove=REMOVED_REQUEST_HEADERS, mode=mode)
-        if headers.end_of_stream:
-            # A subject request without a body: its path was checked above; nothing to restore.
+            # (A subject request never gets here with mode off; without a body, its path and
+            # headers were checked above.)
             mode = envoy.body_modes(envoy.NONE, envoy.NONE, skip_response_headers=True)
             self.finish_log()
             return envoy.request_headers(remove=REMOVED_REQUEST_HEADERS, mode=mode)
