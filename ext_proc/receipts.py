@@ -1,0 +1,600 @@
+"""Receipts (SPEC §9): one record per exchange, chained by SHA-256 per tenant, kept in Redis.
+
+Where this sits: Envoy message → dialect walk → detectors → redaction → media → egress check →
+**receipt** → upstream. Once an exchange knows its decision (forwarded, refused at any stage,
+reported) it builds a `ReceiptFields` and appends it here before the body is released; the hash
+that comes back is the `X-Cordon-Receipt` header. The admin query and the auditors' command line
+read the chain back through `ReceiptStore.verify`. A Redis failure is a `ReceiptError`: the caller
+refuses, or counts the gap, as `failMode` says (SPEC §11).
+
+A record holds counts per kind, verdicts and an HMAC of the subject ref. It cannot hold a value, a
+header, a ref or a placeholder's original: the types only admit the fields below, each validated
+(kinds must look like `EMAIL`, verdicts come from fixed sets, numbers are numbers).
+
+The hash, exactly::
+
+    R    = the record's present fields except `hash`, with `prev` included; an optional field that
+           is absent is left out, never written as null (so adding an optional field later does
+           not change the hash of a record that lacks it)
+    C    = canonical_json(R): UTF-8 JSON, object keys sorted by code point at every level,
+           separators "," and ":" with no whitespace, non-ASCII written as itself, no NaN
+    hash = lowercase hex of SHA-256( ascii(prev) ‖ C )
+
+`prev` is the previous record's `hash` as its 64 lowercase hex characters (those 64 ASCII bytes are
+hashed, not the 32 raw bytes); the first record of a chain has `prev` = 64 zeros. An auditor can
+recheck any record with ``printf '%s%s' "$prev" "$C" | sha256sum``.
+
+Redis layout, one chain per tenant (the braces are the Cluster hash tag: both keys of a chain live
+in one slot, so the append script and the verify snapshot work on Redis Cluster)::
+
+    <prefix>:{<tenant>}:stream   a stream, one entry per record: r = C (the exact hashed bytes),
+                                 h = hash
+    <prefix>:{<tenant>}:head     a string: the hash of the chain's last record
+    <prefix>:{<tenant>}:turn     a short-lived string (50 ms): the writer whose turn it is to
+                                 append after losing a race (liveness only, see below)
+
+Append is a compare-and-set, because Redis has no SHA-256 in Lua: the hash is computed here against
+the head we believe in, and one Lua script checks that the head key still equals that `prev`, then
+XADDs the entry and moves the head, atomically. On a conflict the script answers the current head
+and we re-hash against it. Writers in one process queue on a per-tenant lock, so conflicts only
+happen between processes and replicas. Plain optimistic retries starve under sustained contention
+(the last winner knows the new head first and wins again), so the first loser of a race takes a
+short "turn" that only it may append in; retries are bounded (count and `timeout`) with jitter.
+An append costs one round trip when nothing raced it, whatever the chain's length.
+
+Verification walks the stream in order and recomputes every hash from the stored bytes. It is
+incremental: the last verified (stream id, hash) is kept as a checkpoint **in this process only**.
+Anyone who can write Redis could also rewrite a checkpoint kept in Redis, so such a checkpoint would
+let them hide an edit behind it; an in-process one cannot be moved from outside. A new process (the
+command line) therefore verifies from the start. Records before a checkpoint are not re-read by an
+incremental verify except the checkpoint record itself (still there, same hash); pass
+`since_checkpoint=False` for a full walk. Redis must persist (AOF) and must not evict these keys
+(`maxmemory-policy noeviction`), or a restart or eviction silently starts a new chain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import random
+import re
+import secrets
+import sys
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass, field, fields
+from datetime import UTC, datetime
+from types import MappingProxyType
+from typing import Literal, TextIO, TypeVar, get_args
+
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from ext_proc.errors import Stage
+from ext_proc.policy import MODES, Mode
+
+Decision = Literal["forwarded", "refused", "reported"]
+Egress = Literal["verified", "refused", "skipped"]
+BadReason = Literal["unparsable", "prev", "hash", "head", "checkpoint"]
+
+DECISIONS: tuple[str, ...] = get_args(Decision)
+EGRESS_VERDICTS: tuple[str, ...] = get_args(Egress)
+STAGES: tuple[str, ...] = get_args(Stage)
+
+GENESIS = "0" * 64
+MAX_KIND_CHARS = 64
+VERIFY_BATCH = 500
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_KIND = re.compile(r"[A-Z][A-Z0-9_]*")
+_TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z")
+_DIALECT = re.compile(r"[a-z][a-z0-9_]{0,31}")
+# Python attribute → JSON field, where they differ.
+_JSON_NAMES = {"ref_digest": "refDigest"}
+_ATTR_NAMES = {v: k for k, v in _JSON_NAMES.items()}
+
+_T = TypeVar("_T")
+
+
+class ReceiptError(Exception):
+    """The receipt could not be written or read: Redis down, slow, or the chain head unusable."""
+
+
+def utc_now() -> str:
+    """Now as RFC 3339 UTC with milliseconds: `2025-01-31T12:00:00.123Z`."""
+    now = datetime.now(UTC)
+    return now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"
+
+
+def ref_digest(secret: bytes, ref: str) -> str:
+    """`refDigest`: HMAC-SHA256 of the subject ref under the server secret, hex. Never the ref."""
+    if not secret:
+        raise ValueError("the receipt HMAC secret is empty")
+    return hmac.new(secret, ref.encode("utf-8"), hashlib.sha256).hexdigest()
+
+
+def valid_tenant(tenant: object) -> bool:
+    """The policy files' tenant rule (letters, digits, '-', '_'; at most 64): no brace, no colon."""
+    return (
+        isinstance(tenant, str)
+        and 0 < len(tenant) <= 64
+        and tenant.replace("-", "").replace("_", "").isalnum()
+    )
+
+
+def canonical_json(record: Mapping[str, object]) -> bytes:
+    """Sorted keys, no whitespace, UTF-8, only present fields (a None value counts as absent)."""
+    present = {key: value for key, value in record.items() if value is not None}
+    return json.dumps(
+        present, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode("utf-8")
+
+
+def _digest(prev: str, canonical: bytes) -> str:
+    # The one place a chain hash is computed (tests count calls to it).
+    return hashlib.sha256(prev.encode("ascii") + canonical).hexdigest()
+
+
+def chain_hash(prev: str, record: Mapping[str, object]) -> str:
+    """`sha256(ascii(prev) ‖ canonical_json(record + {"prev": prev}))`, lowercase hex.
+
+    `record` is every present field but `hash`; `prev` may be in it already (it must then equal
+    the `prev` argument) or is added.
+    """
+    if not _HEX64.fullmatch(prev):
+        raise ValueError("prev must be 64 lowercase hex characters")
+    if "hash" in record:
+        raise ValueError("a record's hash is not part of what it hashes")
+    if record.get("prev", prev) != prev:
+        raise ValueError("the record's prev differs from the prev it is chained to")
+    return _digest(prev, canonical_json({**record, "prev": prev}))
+
+
+def _check(ok: bool, what: str) -> None:
+    if not ok:
+        raise ValueError(f"receipt field {what}")
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _valid_time(value: object) -> bool:
+    if not isinstance(value, str) or not _TIME.fullmatch(value):
+        return False
+    try:
+        datetime.fromisoformat(value[:-1])
+    except ValueError:
+        return False
+    return True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReceiptFields:
+    """What an exchange records, before it is chained (no `prev`, no `hash` yet)."""
+
+    tenant: str
+    dialect: str
+    mode: Mode
+    decision: Decision
+    counts: Mapping[str, int]
+    time: str = field(default_factory=utc_now)
+    stage: Stage | None = None
+    ref_digest: str | None = None
+    egress: Egress | None = None
+    media: int | None = None
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    def record(self) -> dict[str, object]:
+        """The JSON fields (absent optional fields left out), without `prev` and `hash`."""
+        out: dict[str, object] = {}
+        for f in fields(ReceiptFields):
+            value = getattr(self, f.name)
+            if value is not None:
+                out[_JSON_NAMES.get(f.name, f.name)] = dict(value) if f.name == "counts" else value
+        return out
+
+    def field_values(self) -> dict[str, object]:
+        """The constructor arguments of these fields (to build a `Receipt` from them)."""
+        return {f.name: getattr(self, f.name) for f in fields(ReceiptFields)}
+
+
+def _validate(r: ReceiptFields) -> None:
+    _check(_valid_time(r.time), "time: RFC 3339 UTC with milliseconds")
+    _check(valid_tenant(r.tenant), "tenant: a policy tenant name")
+    _check(isinstance(r.dialect, str) and bool(_DIALECT.fullmatch(r.dialect)), "dialect: a dialect name")
+    _check(r.mode in MODES, f"mode: one of {MODES}")
+    _check(r.decision in DECISIONS, f"decision: one of {DECISIONS}")
+    _check(r.stage is None or r.stage in STAGES, f"stage: one of {STAGES}")
+    _check(r.egress is None or r.egress in EGRESS_VERDICTS, f"egress: one of {EGRESS_VERDICTS}")
+    _check(r.media is None or _count(r.media), "media: a count")
+    _check(
+        r.ref_digest is None or (isinstance(r.ref_digest, str) and bool(_HEX64.fullmatch(r.ref_digest))),
+        "refDigest: an HMAC-SHA256 in lowercase hex",
+    )
+    _check(isinstance(r.counts, Mapping), "counts: a mapping of kind to count")
+    for kind, n in r.counts.items():
+        _check(
+            isinstance(kind, str) and len(kind) <= MAX_KIND_CHARS and bool(_KIND.fullmatch(kind)),
+            "counts: keys are kinds (EMAIL, SUBJECT1_NAME)",
+        )
+        _check(_count(n), "counts: values are counts")
+    # A private, sorted, read-only copy: the caller's dict cannot change a receipt afterwards.
+    object.__setattr__(r, "counts", MappingProxyType(dict(sorted(r.counts.items()))))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Receipt(ReceiptFields):
+    """A chained record: the fields, the previous record's hash and its own."""
+
+    prev: str
+    hash: str
+
+    def __post_init__(self) -> None:
+        _validate(self)
+        _check(isinstance(self.prev, str) and bool(_HEX64.fullmatch(self.prev)), "prev: a SHA-256 hex")
+        _check(isinstance(self.hash, str) and bool(_HEX64.fullmatch(self.hash)), "hash: a SHA-256 hex")
+
+    def hashed_record(self) -> dict[str, object]:
+        """R of the module docstring: every present field except `hash`."""
+        return {**self.record(), "prev": self.prev}
+
+    def to_json(self) -> dict[str, object]:
+        """The whole record, `hash` included (what the admin query returns)."""
+        return {**self.hashed_record(), "hash": self.hash}
+
+    @classmethod
+    def from_stored(cls, canonical: bytes, hash_: str) -> Receipt:
+        """Parse a stream entry; ValueError unless `canonical` is exactly a valid record's C."""
+        data = json.loads(canonical)
+        if not isinstance(data, dict):
+            raise ValueError("a receipt is a JSON object")
+        if "hash" in data:
+            raise ValueError("the stored record includes its own hash")
+        receipt = cls(**{_ATTR_NAMES.get(k, k): v for k, v in data.items()}, hash=hash_)
+        if canonical_json(receipt.hashed_record()) != canonical:
+            raise ValueError("the stored record is not in canonical form")
+        return receipt
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyResult:
+    """One chain's verification. On failure, `bad_id` is the first bad record's stream id.
+
+    `reason`: `unparsable` (not a valid canonical record of this tenant), `prev` (not chained to
+    the record before it: one was deleted, inserted or moved), `hash` (its content changed),
+    `checkpoint` (the last record verified earlier is gone or changed), `head` (the head key does
+    not match the last record, `bad_id`: a record was cut off the end or the head was moved).
+    """
+
+    tenant: str
+    ok: bool
+    hashed: int  # records re-hashed by this call
+    last_id: str | None  # the last good record (None: no good record)
+    head: str  # its hash (GENESIS when none)
+    bad_id: str | None = None
+    reason: BadReason | None = None
+
+
+class ChainBroken(Exception):
+    """A query found the chain broken: the answer is the first bad record's id, never records."""
+
+    def __init__(self, result: VerifyResult) -> None:
+        super().__init__(f"receipt chain of {result.tenant!r} broken at {result.bad_id} ({result.reason})")
+        self.result = result
+
+
+@dataclass(frozen=True, slots=True)
+class _Checkpoint:
+    stream_id: str
+    hash: str
+
+
+# KEYS[1] stream, KEYS[2] head, KEYS[3] turn; ARGV[1] the prev we hashed against, ARGV[2] C,
+# ARGV[3] hash, ARGV[4] genesis, ARGV[5] this writer's id, ARGV[6] how long a turn lasts (ms).
+# Answers {1, id} when appended; {2, head} on a lost race that earned this writer the next turn;
+# {0, head} on a lost race (or while another writer's turn lasts); {-1, ""} when the head key is
+# gone while the stream still has records (appending from genesis would fork the chain).
+#
+# The turn is only about liveness: a writer that keeps its own head cached would otherwise win
+# every race against writers that first have to learn the new head. The first loser takes the turn;
+# while it lasts only its holder may append; its append ends it. The CAS alone keeps the chain whole.
+_APPEND_LUA = """
+local head = redis.call('GET', KEYS[2])
+if not head then
+  if redis.call('XLEN', KEYS[1]) ~= 0 then
+    return {-1, ''}
+  end
+  head = ARGV[4]
+end
+local turn = redis.call('GET', KEYS[3])
+if head == ARGV[1] and (not turn or turn == ARGV[5]) then
+  local id = redis.call('XADD', KEYS[1], '*', 'r', ARGV[2], 'h', ARGV[3])
+  redis.call('SET', KEYS[2], ARGV[3])
+  if turn then
+    redis.call('DEL', KEYS[3])
+  end
+  return {1, id}
+end
+if not turn then
+  redis.call('SET', KEYS[3], ARGV[5], 'PX', ARGV[6])
+  return {2, head}
+end
+if turn == ARGV[5] then
+  return {2, head}
+end
+return {0, head}
+"""
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode("ascii") if isinstance(value, bytes) else value
+
+
+def _id_key(stream_id: str) -> tuple[int, int]:
+    ms, seq = stream_id.split("-")
+    return int(ms), int(seq)
+
+
+class ReceiptStore:
+    """Appends receipts to, and verifies, per-tenant chains in one Redis (or one Cluster slot each).
+
+    `timeout` bounds every Redis call, and a whole `append` (queueing, retries and all): a receipt
+    sits on the request path. When an append times out after its script reached Redis, the record
+    may be in the chain although the caller was told it failed; the chain itself stays whole.
+    """
+
+    def __init__(
+        self,
+        client: Redis,
+        *,
+        key_prefix: str = "cordon",
+        timeout: float = 0.25,
+        max_attempts: int = 100,
+        turn_ms: int = 50,
+    ) -> None:
+        if not key_prefix or any(c in key_prefix for c in "{}*?[]\\"):
+            raise ValueError("key_prefix must be non-empty, without braces or glob characters")
+        self._redis = client
+        self._prefix = key_prefix
+        self._timeout = timeout
+        self._max_attempts = max_attempts
+        self._turn_ms = str(turn_ms)
+        self._writer_id = secrets.token_hex(8)
+        self._append_script = client.register_script(_APPEND_LUA)
+        self._heads: dict[str, str] = {}  # the last head seen per tenant: a guess, the script decides
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._checkpoints: dict[str, _Checkpoint] = {}
+        self.races_lost = 0  # compare-and-set conflicts seen, for a metric
+
+    @classmethod
+    def from_url(cls, url: str, *, timeout: float = 0.25, **kwargs: object) -> ReceiptStore:
+        """A store with its own client: socket timeouts = `timeout`, one immediate reconnect."""
+        client = Redis.from_url(
+            url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 1)
+        )
+        return cls(client, timeout=timeout, **kwargs)  # type: ignore[arg-type]
+
+    async def aclose(self) -> None:
+        await self._redis.aclose()
+
+    def stream_key(self, tenant: str) -> str:
+        if not valid_tenant(tenant):
+            raise ValueError("not a tenant name")
+        return f"{self._prefix}:{{{tenant}}}:stream"
+
+    def head_key(self, tenant: str) -> str:
+        if not valid_tenant(tenant):
+            raise ValueError("not a tenant name")
+        return f"{self._prefix}:{{{tenant}}}:head"
+
+    def turn_key(self, tenant: str) -> str:
+        if not valid_tenant(tenant):
+            raise ValueError("not a tenant name")
+        return f"{self._prefix}:{{{tenant}}}:turn"
+
+    async def _call(self, awaitable: Awaitable[_T]) -> _T:
+        try:
+            async with asyncio.timeout(self._timeout):
+                return await awaitable
+        except TimeoutError as exc:
+            raise ReceiptError(f"Redis did not answer within {self._timeout}s") from exc
+        except (RedisError, OSError) as exc:
+            raise ReceiptError(f"Redis failed: {type(exc).__name__}") from exc
+
+    # ---- append -------------------------------------------------------------------------------
+
+    async def append(self, receipt_fields: ReceiptFields) -> Receipt:
+        """Chain one record onto its tenant's chain; returns it with `prev` and `hash`."""
+        tenant = receipt_fields.tenant
+        lock = self._locks.setdefault(tenant, asyncio.Lock())
+        try:
+            async with asyncio.timeout(self._timeout), lock:
+                return await self._append_locked(receipt_fields)
+        except TimeoutError as exc:
+            raise ReceiptError(f"receipt append did not finish within {self._timeout}s") from exc
+        except (RedisError, OSError) as exc:
+            raise ReceiptError(f"Redis failed: {type(exc).__name__}") from exc
+
+    async def _append_locked(self, receipt_fields: ReceiptFields) -> Receipt:
+        tenant = receipt_fields.tenant
+        keys = [self.stream_key(tenant), self.head_key(tenant), self.turn_key(tenant)]
+        record = receipt_fields.record()
+        prev = self._heads.get(tenant, GENESIS)
+        for _ in range(self._max_attempts):
+            canonical = canonical_json({**record, "prev": prev})
+            digest = _digest(prev, canonical)
+            status, value = await self._append_script(
+                keys=keys, args=[prev, canonical, digest, GENESIS, self._writer_id, self._turn_ms]
+            )
+            if status == 1:
+                self._heads[tenant] = digest
+                return Receipt(**receipt_fields.field_values(), prev=prev, hash=digest)
+            if status == -1:
+                raise ReceiptError("the chain head key is missing while the stream has records")
+            self.races_lost += 1
+            prev = _text(value)
+            self._heads[tenant] = prev
+            if status == 0:  # another writer's turn: give it about a round trip
+                await asyncio.sleep(random.uniform(0.0001, 0.0006))
+        raise ReceiptError(f"receipt append lost {self._max_attempts} races for the chain head in a row")
+
+    # ---- verify -------------------------------------------------------------------------------
+
+    async def verify(self, tenant: str, *, since_checkpoint: bool = True) -> VerifyResult:
+        """Walk the chain (from this process's checkpoint, or from the start) and recheck it.
+
+        The stream's last entry and the head key are read together in one transaction, so writers
+        appending meanwhile never look like a head mismatch; the walk stops at that entry.
+        """
+        stream, head_key = self.stream_key(tenant), self.head_key(tenant)
+
+        async def snapshot() -> list[object]:
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.xrevrange(stream, count=1)
+                pipe.get(head_key)
+                return await pipe.execute()
+
+        tail_entries, head_value = await self._call(snapshot())
+        tail_id = _text(tail_entries[0][0]) if tail_entries else None  # type: ignore[index]
+        head = _text(head_value) if head_value is not None else None  # type: ignore[arg-type]
+
+        prev, last_id, start = GENESIS, None, "-"
+        checkpoint = self._checkpoints.get(tenant) if since_checkpoint else None
+        if checkpoint is not None:
+            found = await self._call(
+                self._redis.xrange(stream, checkpoint.stream_id, checkpoint.stream_id, count=1)
+            )
+            if not found or found[0][1].get(b"h") != checkpoint.hash.encode("ascii"):
+                return VerifyResult(tenant, False, 0, None, GENESIS, checkpoint.stream_id, "checkpoint")
+            prev, last_id, start = checkpoint.hash, checkpoint.stream_id, f"({checkpoint.stream_id}"
+
+        hashed = 0
+        if tail_id is not None and (last_id is None or _id_key(last_id) < _id_key(tail_id)):
+            while True:
+                batch = await self._call(self._redis.xrange(stream, start, tail_id, count=VERIFY_BATCH))
+                for raw_id, entry in batch:
+                    entry_id = _text(raw_id)
+                    hashed += 1
+                    reason, digest = _check_entry(tenant, prev, entry)
+                    if reason is not None:
+                        return VerifyResult(tenant, False, hashed, last_id, prev, entry_id, reason)
+                    prev, last_id = digest, entry_id
+                if len(batch) < VERIFY_BATCH:
+                    break
+                start = f"({last_id}"
+
+        if head != (prev if last_id is not None else None):
+            return VerifyResult(tenant, False, hashed, last_id, prev, tail_id or "0-0", "head")
+        if last_id is not None:
+            self._checkpoints[tenant] = _Checkpoint(last_id, prev)
+        else:
+            self._checkpoints.pop(tenant, None)
+        return VerifyResult(tenant, True, hashed, last_id, prev)
+
+    async def tenants(self) -> list[str]:
+        """Every tenant with a chain (a key under this prefix). One SCAN: one node's keys."""
+        found: set[str] = set()
+
+        async def scan() -> None:
+            async for key in self._redis.scan_iter(match=f"{self._prefix}:{{*}}:*", count=1000):
+                name = _text(key)[len(self._prefix) + 2 :]
+                for suffix in ("}:stream", "}:head"):
+                    if name.endswith(suffix) and valid_tenant(name[: -len(suffix)]):
+                        found.add(name[: -len(suffix)])
+
+        await self._call(scan())
+        return sorted(found)
+
+    async def find_by_ref_digest(self, tenant: str, digest: str) -> list[Receipt]:
+        """The verified records whose `refDigest` is `digest`; ChainBroken if the chain is not whole.
+
+        The chain is verified first (incrementally), then read up to the record verification
+        reached; each match's own hash is rechecked in case it changed in between.
+        """
+        if not isinstance(digest, str) or not _HEX64.fullmatch(digest):
+            raise ValueError("a refDigest is 64 lowercase hex characters")
+        result = await self.verify(tenant)
+        if not result.ok:
+            raise ChainBroken(result)
+        if result.last_id is None:
+            return []
+        stream = self.stream_key(tenant)
+        needle = b'"refDigest":"' + digest.encode("ascii") + b'"'
+        matches: list[Receipt] = []
+        start = "-"
+        while True:
+            batch = await self._call(self._redis.xrange(stream, start, result.last_id, count=VERIFY_BATCH))
+            for raw_id, entry in batch:
+                raw = entry.get(b"r", b"")
+                if needle not in raw:
+                    continue
+                entry_id = _text(raw_id)
+                try:
+                    receipt = Receipt.from_stored(raw, _text(entry.get(b"h", b"")))
+                except (ValueError, TypeError, UnicodeDecodeError):
+                    receipt = None
+                if receipt is None or _digest(receipt.prev, raw) != receipt.hash:
+                    bad = VerifyResult(tenant, False, 0, None, GENESIS, entry_id, "hash")
+                    raise ChainBroken(bad)
+                if receipt.ref_digest == digest:
+                    matches.append(receipt)
+            if len(batch) < VERIFY_BATCH:
+                return matches
+            start = f"({_text(batch[-1][0])}"
+
+
+def _check_entry(tenant: str, prev: str, entry: Mapping[bytes, bytes]) -> tuple[BadReason | None, str]:
+    """(None, hash) for a good record chained to `prev`, else (what is wrong, "")."""
+    raw, stored_hash = entry.get(b"r"), entry.get(b"h")
+    if raw is None or stored_hash is None or len(entry) != 2:
+        return "unparsable", ""
+    try:
+        receipt = Receipt.from_stored(raw, stored_hash.decode("ascii"))
+    except (ValueError, TypeError, UnicodeDecodeError):
+        return "unparsable", ""
+    if receipt.tenant != tenant:
+        return "unparsable", ""
+    if receipt.prev != prev:
+        return "prev", ""
+    if _digest(prev, raw) != receipt.hash:
+        return "hash", ""
+    return None, receipt.hash
+
+
+def verify_cli(
+    url: str, tenant: str | None = None, *, out: TextIO | None = None, timeout: float = 5.0
+) -> int:
+    """`receipts verify [--tenant T]`: full walk of one chain or all; 0 whole, 1 broken, 2 error.
+
+    Prints tenant names, counts and stream ids only.
+    """
+    out = out or sys.stdout
+
+    async def run() -> int:
+        store = ReceiptStore.from_url(url, timeout=timeout)
+        try:
+            tenants = [tenant] if tenant is not None else await store.tenants()
+            if not tenants:
+                print("no receipt chains", file=out)
+            code = 0
+            for name in tenants:
+                result = await store.verify(name, since_checkpoint=False)
+                if result.ok:
+                    print(f"{name}: ok, {result.hashed} records", file=out)
+                else:
+                    print(f"{name}: BROKEN at {result.bad_id} ({result.reason})", file=out)
+                    code = 1
+            return code
+        except (ReceiptError, ValueError) as exc:
+            print(f"receipts verify: {exc}", file=out)
+            return 2
+        finally:
+            await store.aclose()
+
+    return asyncio.run(run())
