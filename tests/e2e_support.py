@@ -20,6 +20,18 @@ SAMPLES: dict[str, str] = {
     "OPENAI_KEY": "sk-proj-" + "Zx9Qw8Er7Ty6Ui5Op4As3Df2Gh1Jk0LzXcVbNm",
 }
 
+# An invented person declared in X-Cordon-Subject by the subject tests (every field kind).
+PERSON: dict[str, list[str]] = {
+    "names": ["Marisol Quintero-Vance"],
+    "emails": ["mq@example.com"],
+    "phones": ["+1 404-555-0187"],
+    "addresses": ["1428 Elm Street Apt 4, Atlanta"],
+    "dates": ["1986-07-14"],
+    "ids": ["A1234567"],
+    "handles": ["mqvance77"],
+    "other": ["Project Bluebird"],
+}
+
 SENTENCE = (
     f"Mail {SAMPLES['EMAIL']} or call {SAMPLES['PHONE']}; card {SAMPLES['CREDIT_CARD']}, "
     f"SSN {SAMPLES['SSN']}, IBAN {SAMPLES['IBAN']}, host {SAMPLES['IP']}, "

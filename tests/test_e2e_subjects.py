@@ -12,22 +12,12 @@ import pytest
 
 from ext_proc.normalize import fold
 from ext_proc.subject_header import encode_subject_header
-from tests.e2e_support import chat_body, request
+from tests.e2e_support import PERSON, chat_body, request
 from tests.fake_upstream import FakeUpstream
 from tests.harness import KEYS, RunningStack
 
 pytestmark = pytest.mark.e2e
 
-PERSON = {
-    "names": ["Marisol Quintero-Vance"],
-    "emails": ["mq@example.com"],
-    "phones": ["+1 404-555-0187"],
-    "addresses": ["1428 Elm Street Apt 4, Atlanta"],
-    "dates": ["1986-07-14"],
-    "ids": ["A1234567"],
-    "handles": ["mqvance77"],
-    "other": ["Project Bluebird"],
-}
 HEADER = encode_subject_header({"ref": "case-4411", "subjects": [PERSON]})
 # The alphanumeric cores that must not appear in any string or key the upstream receives.
 CORES = [

@@ -20,15 +20,8 @@ from ext_proc.dialects import DIALECTS
 from ext_proc.egress import check_body
 from ext_proc.subject_header import encode_subject_header, parse_subject_header
 from ext_proc.subjects import compile_subjects
+from tests.e2e_support import PERSON
 
-PERSON = {
-    "names": ["Marisol Quintero-Vance"],
-    "emails": ["mq@example.com"],
-    "phones": ["+1 404-555-0187"],
-    "ids": ["A1234567"],
-    "handles": ["mqvance77"],
-    "other": ["Project Bluebird"],
-}
 COMPILED = compile_subjects(parse_subject_header(encode_subject_header({"subjects": [PERSON]})))
 # (label, canonical text) of what gets slipped back.
 IDENTIFIERS = [

@@ -18,19 +18,12 @@ from ext_proc.dialects import DIALECTS
 from ext_proc.egress import check_body
 from ext_proc.subject_header import encode_subject_header, parse_subject_header
 from ext_proc.subjects import compile_subjects
-from tests.e2e_support import SAMPLES, SENTENCE, chat_body, leaked, request
+from tests.e2e_support import PERSON, SAMPLES, SENTENCE, chat_body, leaked, request
 from tests.fake_upstream import FakeUpstream
 from tests.harness import KEYS, RunningStack
 
 pytestmark = pytest.mark.e2e
 
-PERSON = {
-    "names": ["Marisol Quintero-Vance"],
-    "emails": ["mq@example.com"],
-    "phones": ["+1 404-555-0187"],
-    "ids": ["A1234567"],
-    "handles": ["mqvance77"],
-}
 HEADER = encode_subject_header({"ref": "case-review", "subjects": [PERSON]})
 # A 1x1 PNG: media bytes whose content the media policy (not the text walk) must judge.
 PNG = base64.b64encode(
