@@ -27,7 +27,7 @@ import regex
 
 from ext_proc.dialects import Dialect
 from ext_proc.errors import DetectionError
-from ext_proc.walk import MAX_DEPTH, NestingTooDeep
+from ext_proc.walk import MAX_DEPTH, NestingTooDeep, looks_like_json
 
 # Exponent literals in text; plain integers in text need no expansion (they read as themselves).
 NUMBER_LITERAL = regex.compile(r"(?<![\p{L}\p{N}.])[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+(?![\p{L}\p{N}])")
@@ -82,28 +82,30 @@ def _parse(text: str) -> Any:
         raise NestingTooDeep() from None
 
 
-def own_markers(nonce: str) -> regex.Pattern[str]:
-    """This request's own placeholders and strip markers: the only text known to carry no value.
+# Placeholders and strip markers. This request's own (its nonce, and every strip marker) are the
+# only text known to carry no value; their random nonce could, by chance, spell a short declared
+# id, so the check reads them as a separator. A placeholder with another nonce (typed by a user)
+# is read like any text.
+MARKERS = regex.compile(r"<[A-Z][A-Z0-9_]*_(?P<nonce>[0-9a-f]+)_[0-9]+>|\[(?:SUBJECT[0-9]+_)?[A-Z][A-Z_]*\]")
 
-    Their random nonce could, by chance, spell a short declared id; the check reads them as a
-    separator instead. A placeholder with another nonce (typed by a user) is read like any text.
-    """
-    return regex.compile(
-        r"<[A-Z][A-Z0-9_]*_" + regex.escape(nonce) + r"_[0-9]+>|\[(?:SUBJECT[0-9]+_)?[A-Z][A-Z_]*\]"
-    )
+
+def neutralise_own_markers(text: str, nonce: str) -> str:
+    def replace(match: regex.Match[str]) -> str:
+        found = match.group("nonce")
+        return " " if found is None or found == nonce else match.group(0)
+
+    return MARKERS.sub(replace, text, timeout=REGEX_TIMEOUT)
 
 
 class _Reader:
-    def __init__(
-        self, finder: SurvivorFinder, media: set[tuple[int, object]], markers: regex.Pattern[str] | None
-    ) -> None:
+    def __init__(self, finder: SurvivorFinder, media: set[tuple[int, object]], nonce: str | None) -> None:
         self.finder = finder
         self.media = media
-        self.markers = markers
+        self.nonce = nonce
 
     def text(self, text: str, depth: int) -> str | None:
-        if self.markers is not None and ("<" in text or "[" in text):
-            text = self.markers.sub(" ", text, timeout=REGEX_TIMEOUT)
+        if self.nonce is not None and ("<" in text or "[" in text):
+            text = neutralise_own_markers(text, self.nonce)
         hit = self.finder.first_survivor(text)
         if hit is not None:
             return hit
@@ -111,8 +113,7 @@ class _Reader:
             hit = self.finder.first_survivor(expanded)
             if hit is not None:
                 return hit
-        stripped = text.strip()
-        if len(stripped) >= 2 and stripped[0] in "{[" and stripped[-1] in "}]":
+        if looks_like_json(text):
             try:
                 inner = _parse(text)
             except ValueError:
@@ -152,11 +153,11 @@ class _Reader:
 
 
 def check_body(
-    body: bytes, dialect: Dialect, finder: SurvivorFinder, *, markers: regex.Pattern[str] | None = None
+    body: bytes, dialect: Dialect, finder: SurvivorFinder, *, nonce: str | None = None
 ) -> EgressHit | None:
     """The first declared identifier still present in the outgoing body, or None.
 
-    `markers` (see `own_markers`) are read as separators.
+    With `nonce`, this request's own placeholders and strip markers are read as separators.
 
     Raises NestingTooDeep or DetectionError when the body cannot be read in full: the caller
     refuses the request then (the check never passes what it could not read).
@@ -171,11 +172,11 @@ def check_body(
         doc = _parse(text)
     except ValueError:
         # Not JSON (cannot happen for a body the pipeline forwards, but never pass unread bytes).
-        hit = _Reader(finder, set(), markers).text(text, 0)
+        hit = _Reader(finder, set(), nonce).text(text, 0)
         return EgressHit(hit) if hit else None
     media = {(id(part.container), part.key) for part in dialect.media(doc) if part.is_bytes}
     try:
-        hit = _Reader(finder, media, markers).value(doc, 0)
+        hit = _Reader(finder, media, nonce).value(doc, 0)
     except TimeoutError:
         raise DetectionError("egress marker scan timed out") from None
     return EgressHit(hit) if hit else None

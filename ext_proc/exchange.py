@@ -15,7 +15,6 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote_plus
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
@@ -23,7 +22,7 @@ from ext_proc import envoy
 from ext_proc.bootstrap import ADMIN_ROUTE
 from ext_proc.catalog import Catalog
 from ext_proc.dialects import RouteInfo, classify
-from ext_proc.egress import check_body, own_markers
+from ext_proc.egress import check_body
 from ext_proc.errors import DetectionError, Refusal, describe
 from ext_proc.placeholders import PlaceholderMap
 from ext_proc.policy import Policy, PolicySet
@@ -81,11 +80,15 @@ class Headers:
         return self.values.get(name)
 
 
-def api_key(headers: Headers) -> str | None:
+def bearer_token(headers: Headers) -> str | None:
     auth = headers.get("authorization")
     if auth and auth[:7].lower() == "bearer ":
         return auth[7:].strip() or None
-    return headers.get("x-api-key") or None
+    return None
+
+
+def api_key(headers: Headers) -> str | None:
+    return bearer_token(headers) or headers.get("x-api-key") or None
 
 
 @dataclass(slots=True)
@@ -177,8 +180,8 @@ class Exchange:
                 "policy",
                 "this tenant does not redact (mode: off); a request declaring subjects is refused",
             )
-        # The path leaves too: read it as sent and percent-decoded (`mq%40example.com`).
-        survivor = self.subjects.first_survivor(path) or self.subjects.first_survivor(unquote_plus(path))
+        # The path leaves too (first_survivor also reads it percent-decoded: `mq%40example.com`).
+        survivor = self.subjects.first_survivor(path)
         if survivor is not None:
             raise Refusal(
                 422, "egress", f"a declared identifier ({survivor}) is in the request path", kind=survivor
@@ -191,8 +194,6 @@ class Exchange:
             if name in UNREAD_HEADERS or name.startswith(":"):
                 continue
             survivor = self.subjects.first_survivor(f"{name} {value}")
-            if survivor is None and "%" in value:
-                survivor = self.subjects.first_survivor(unquote_plus(value))
             if survivor is not None:
                 raise Refusal(
                     422, "egress", f"a declared identifier ({survivor}) is in a request header", kind=survivor
@@ -211,11 +212,16 @@ class Exchange:
                 400, "request", "the request body is not valid UTF-8", code="invalid_json"
             ) from None
         doc = parse_json(text)
-        if self.subjects is not None:
-            try:
+        try:
+            if self.subjects is not None:
                 return self.subject_body(raw, doc)
-            finally:
-                self.timings["redact_ms"] = round((time.perf_counter() - start) * 1000, 3)
+            return self.catalog_body(doc)
+        finally:
+            self.timings["redact_ms"] = round((time.perf_counter() - start) * 1000, 3)
+
+    def catalog_body(self, doc: Any) -> pb.ProcessingResponse:
+        """A request without declared subjects: redact; a detection failure follows failMode."""
+        assert self.policy is not None
         try:
             new_doc, changed = self.redact_document(doc)
         except DetectionError as exc:
@@ -227,8 +233,6 @@ class Exchange:
                 json.dumps({"event": "detection_gap", "tenant": self.policy.tenant, "reason": str(exc)})
             )
             return envoy.request_body()
-        finally:
-            self.timings["redact_ms"] = round((time.perf_counter() - start) * 1000, 3)
         if not changed:
             return envoy.request_body()
         return envoy.request_body(dump_json(new_doc))
@@ -244,7 +248,7 @@ class Exchange:
             new_doc, changed = self.redact_document(doc)
             body = dump_json(new_doc) if changed else raw
             check_start = time.perf_counter()
-            hit = check_body(body, self.route.dialect, self.subjects, markers=own_markers(self.pmap.nonce))
+            hit = check_body(body, self.route.dialect, self.subjects, nonce=self.pmap.nonce)
             self.timings["egress_ms"] = round((time.perf_counter() - check_start) * 1000, 3)
         except Refusal:
             raise
@@ -362,8 +366,7 @@ class Exchange:
             return envoy.refuse(
                 Refusal(404, "admin", "the admin API is closed (ADMIN_TOKEN is unset)"), "openai"
             )
-        auth = headers.get("authorization") or ""
-        given = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+        given = bearer_token(headers) or ""
         if not hmac.compare_digest(given.encode(), token.encode()):
             return envoy.refuse(Refusal(401, "admin", "a valid admin bearer token is required"), "openai")
         return envoy.refuse(Refusal(404, "admin", "no such admin endpoint"), "openai")

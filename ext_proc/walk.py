@@ -110,6 +110,12 @@ def parse_json(text: str) -> Any:
         raise NotJson(f"{exc.msg} at line {exc.lineno} column {exc.colno}") from None
 
 
+def looks_like_json(text: str) -> bool:
+    """A string that may carry a JSON object or array (tool arguments): worth parsing as JSON."""
+    stripped = text.strip()
+    return len(stripped) >= 2 and stripped[0] in "{[" and stripped[-1] in "}]"
+
+
 def dump_json(doc: Any) -> bytes:
     try:
         return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
@@ -157,8 +163,7 @@ class LeafWalker:
         return out
 
     def _string(self, text: str, depth: int, caller: bool) -> str:
-        stripped = text.strip()
-        if len(stripped) >= 2 and stripped[0] in "{[" and stripped[-1] in "}]":
+        if looks_like_json(text):
             try:
                 inner = parse_json(text)
             except AmbiguousJson as exc:

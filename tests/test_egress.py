@@ -132,8 +132,6 @@ def test_the_needle_is_found_wherever_it_is_put(
 
 
 def test_own_placeholders_are_read_as_separators_but_foreign_ones_are_read() -> None:
-    from ext_proc.egress import own_markers
-
     class HexFinder:
         """Flags a declared id that happens to be spelled by the nonce."""
 
@@ -143,6 +141,6 @@ def test_own_placeholders_are_read_as_separators_but_foreign_ones_are_read() -> 
     own = {"messages": [{"role": "user", "content": "call <SUBJECT1_PHONE_4b846057_1> or [EMAIL]"}]}
     body = json.dumps(own).encode()
     assert check_body(body, DIALECTS["chat"], HexFinder()) is not None  # unneutralised: spurious hit
-    assert check_body(body, DIALECTS["chat"], HexFinder(), markers=own_markers("4b846057")) is None
+    assert check_body(body, DIALECTS["chat"], HexFinder(), nonce="4b846057") is None
     # The same text under another nonce is not this request's placeholder: it is read.
-    assert check_body(body, DIALECTS["chat"], HexFinder(), markers=own_markers("00000000")) is not None
+    assert check_body(body, DIALECTS["chat"], HexFinder(), nonce="00000000") is not None
