@@ -41,17 +41,10 @@ from ext_proc.subjects import (
     compile_subjects,
     is_common_word,
 )
+from tests.e2e_support import PERSON
 
-MARISOL = {
-    "names": ["Marisol Quintero-Vance"],
-    "emails": ["mq@example.com", "bluejay1986@example.net"],
-    "phones": ["+1 404-555-0187"],
-    "addresses": ["1428 Elm Street Apt 4, Atlanta"],
-    "dates": ["1986-07-14"],
-    "ids": ["A1234567"],
-    "handles": ["mqvance77"],
-    "other": ["Project Bluebird"],
-}
+# The shared invented person, with a second email declared.
+MARISOL = {**PERSON, "emails": [*PERSON["emails"], "bluejay1986@example.net"]}
 PAYLOAD = {
     "ref": "case-4411",
     "subjects": [
