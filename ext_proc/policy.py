@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Iterable, Mapping
+import operator
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -33,8 +34,6 @@ DEFAULT_TENANT = "default"
 # time (naming the knob) instead of being silently weaker than it reads.
 NOT_YET_SUPPORTED: dict[str, str] = {
     "consistentPseudonyms": "consistent pseudonyms (and the vault) are not implemented yet",
-    "reportOnly": "report-only mode is not implemented yet",
-    "allowHeaderOverride": "the X-Redact-Mode header override is not implemented yet",
 }
 
 
@@ -224,15 +223,23 @@ class PolicySet:
         return self.default
 
 
-def load_policy_dir(directory: str | Path) -> PolicySet:
+def _policy_files(directory: str | Path) -> list[Path]:
     root = Path(directory)
     if not root.is_dir():
         raise PolicyError(root, "(directory)", "does not exist or is not a directory")
-    files = sorted([*root.glob("*.yaml"), *root.glob("*.yml")])
+    return sorted([*root.glob("*.yaml"), *root.glob("*.yml")])
+
+
+def _policy_set(root: Path, policies: Iterable[Policy]) -> PolicySet:
+    """The rules that span files, checked in file order; the first one broken is raised.
+
+    Each policy's file is its `source`. Shared by the strict start (`load_policy_dir`, which hands
+    in a generator so a bad file and a cross-file conflict are reported in file order) and reload.
+    """
     tenants: dict[str, Policy] = {}
     by_key: dict[str, Policy] = {}
-    for path in files:
-        policy = load_policy_file(path)
+    for policy in policies:
+        path = Path(policy.source)
         if policy.tenant in tenants:
             raise PolicyError(path, "tenant", f"tenant {policy.tenant!r} is also defined in another file")
         if (path.stem == DEFAULT_TENANT) != (policy.tenant == DEFAULT_TENANT):
@@ -248,3 +255,138 @@ def load_policy_dir(directory: str | Path) -> PolicySet:
     if default.api_keys:
         raise PolicyError(default.source, "apiKeys", "the default tenant is selected by no key")
     return PolicySet(tenants=tenants, by_key=by_key)
+
+
+def load_policy_dir(directory: str | Path) -> PolicySet:
+    """Every policy file of `directory`, validated; the first problem is raised (start is strict)."""
+    root = Path(directory)
+    return _policy_set(root, (load_policy_file(path) for path in _policy_files(root)))
+
+
+def reload_policy_dir(directory: str | Path, previous: PolicySet) -> tuple[PolicySet, list[PolicyError]]:
+    """Re-read `directory` after a change, falling back per file; never raises PolicyError.
+
+    A file that no longer loads keeps the policy `previous` loaded from the same path (matched on
+    `Policy.source`, so pass the directory spelled as it was at start); a new file that does not
+    load is left out. Either way its error is returned. A deleted file drops its tenant, whose keys
+    then select the default. If the merged set breaks a rule that spans files (a tenant defined
+    twice, a key digest selecting two tenants, default.yaml missing or keyed), nothing is applied:
+    `previous` comes back whole, with that error first. An empty error list means all files loaded.
+    """
+    root = Path(directory)
+    try:
+        paths = _policy_files(root)
+    except PolicyError as exc:
+        return previous, [exc]
+    kept_by_source = {policy.source: policy for policy in previous.tenants.values()}
+    policies: list[Policy] = []
+    errors: list[PolicyError] = []
+    for path in paths:
+        try:
+            policies.append(load_policy_file(path))
+        except PolicyError as exc:
+            errors.append(exc)
+            kept = kept_by_source.get(str(path))
+            if kept is not None:
+                policies.append(kept)
+    try:
+        return _policy_set(root, policies), errors
+    except PolicyError as exc:
+        return previous, [exc, *errors]
+
+
+def policy_signature(directory: str | Path) -> tuple[tuple[str, int, int], ...]:
+    """(name, mtime in ns, size) of every policy file, sorted: a cheap poll for "did anything change".
+
+    A missing directory gives (); a file that cannot be stat'ed (a dangling symlink) gives -1s, so
+    its appearance still changes the signature. Stat follows symlinks, so a Kubernetes ConfigMap
+    swap (files are links into a directory that is replaced) is seen as a change.
+    """
+    try:
+        paths = _policy_files(directory)
+    except PolicyError:
+        return ()
+    entries: list[tuple[str, int, int]] = []
+    for path in paths:
+        try:
+            stat = path.stat()
+        except OSError:
+            entries.append((path.name, -1, -1))
+        else:
+            entries.append((path.name, stat.st_mtime_ns, stat.st_size))
+    return tuple(sorted(entries))
+
+
+# --- strictness: which tenant X-Tenant may select (SPEC §10) -------------------------------------
+
+# Rank of each value, higher = stricter. MODE_STRICTNESS is also what lets X-Redact-Mode only
+# tighten a tenant's mode.
+MODE_STRICTNESS: Mapping[str, int] = {"off": 0, "reversible": 1, "strip": 2}
+FAIL_MODE_STRICTNESS: Mapping[str, int] = {"open": 0, "closed": 1}
+MEDIA_STRICTNESS: Mapping[str, int] = {"allow": 0, "mask": 1, "block": 2}
+_TRUE_IS_STRICTER: Mapping[bool, int] = {False: 0, True: 1}
+_FALSE_IS_STRICTER: Mapping[bool, int] = {True: 0, False: 1}
+
+
+def _ranked(ranks: Mapping[Any, int]) -> Callable[[Any, Any], bool]:
+    return lambda target, base: ranks[target] >= ranks[base]
+
+
+def _superset(target: tuple[str, ...], base: tuple[str, ...]) -> bool:
+    return set(target) >= set(base)
+
+
+@dataclass(frozen=True, slots=True)
+class _Knob:
+    key: str  # as written in a policy file, and as reported
+    attr: str  # the `Policy` attribute
+    at_least_as_strict: Callable[[Any, Any], bool]  # (target's value, base's value) → allowed
+
+
+# One row per knob of `Policy` (all but the tenant's name and keys), in the order less_strict_knobs
+# reports them; why each direction is stricter is in its docstring.
+_STRICTNESS: tuple[_Knob, ...] = (
+    _Knob("mode", "mode", _ranked(MODE_STRICTNESS)),
+    _Knob("sets", "sets", _superset),
+    _Knob("failMode", "fail_mode", _ranked(FAIL_MODE_STRICTNESS)),
+    _Knob("redactSystem", "redact_system", _ranked(_TRUE_IS_STRICTER)),
+    _Knob("consistentPseudonyms", "consistent_pseudonyms", _ranked(_FALSE_IS_STRICTER)),
+    _Knob("requireSubject", "require_subject", _ranked(_TRUE_IS_STRICTER)),
+    _Knob("subjectMedia", "subject_media", _ranked(MEDIA_STRICTNESS)),
+    _Knob("reportOnly", "report_only", _ranked(_FALSE_IS_STRICTER)),
+    _Knob("allowHeaderOverride", "allow_header_override", _ranked(_FALSE_IS_STRICTER)),
+    _Knob("skipDocumentationIps", "skip_documentation_ips", _ranked(_FALSE_IS_STRICTER)),
+    _Knob("upstreams", "upstreams", operator.eq),
+)
+
+
+def less_strict_knobs(target: Policy, base: Policy) -> list[str]:
+    """The policy-file keys on which `target` is less strict than `base`; [] = `target` is allowed.
+
+    With TRUST_TENANT_HEADER=true a caller may name its tenant in X-Tenant, but only one at least as
+    strict as the tenant its API key selects (`base`), knob by knob, so the header can never buy a
+    caller less protection than the platform team gave its key. Keys come in the order below.
+
+    - mode: off < reversible < strip. Off sends values as they are; reversible hides them from the
+      model but brings them back in the reply; strip hides them for good.
+    - sets: the target must detect every set the base detects (a superset); fewer sets, fewer
+      redactions.
+    - failMode: open < closed. Open forwards unredacted text when a step fails.
+    - redactSystem: false < true. False leaves system prompts and instructions unread.
+    - consistentPseudonyms: true < false. Placeholders stable across requests let the model link
+      the same value between conversations; per-request placeholders link nothing across them.
+    - requireSubject: false < true. False lets a request through without declared subjects.
+    - subjectMedia: allow < mask < block. Allow forwards images as they are; mask forwards what OCR
+      could paint over (and OCR can miss); block forwards no media.
+    - reportOnly: true < false. Report-only forwards the request unchanged.
+    - allowHeaderOverride: true < false. The target may not hand the caller more control over its
+      own redaction than the base does.
+    - skipDocumentationIps: true < false. True leaves some addresses unredacted.
+    - upstreams: must be identical. The set of reachable providers is an access decision, not a
+      scale: fewer is not "stricter" for whoever routes there, and more is a way out.
+    """
+    return [
+        knob.key
+        for knob in _STRICTNESS
+        if not knob.at_least_as_strict(getattr(target, knob.attr), getattr(base, knob.attr))
+    ]

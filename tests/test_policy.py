@@ -2,30 +2,47 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
+from ext_proc.__main__ import main
 from ext_proc.findings import ALL_SETS
 from ext_proc.policy import (
+    MODE_STRICTNESS,
     NOT_YET_SUPPORTED,
+    Policy,
     PolicyError,
+    PolicySet,
     hash_api_key,
+    less_strict_knobs,
     load_policy_dir,
     load_policy_file,
+    policy_signature,
+    reload_policy_dir,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
 ACME_KEY = "sk-acme-0123456789abcdef"  # invented; files store only its digest
 ACME_DIGEST = hash_api_key(ACME_KEY)
+# Every knob of a policy file → its `Policy` attribute (all but tenant and apiKeys).
 KNOB_ATTRS = {
+    "mode": "mode",
+    "sets": "sets",
+    "failMode": "fail_mode",
+    "redactSystem": "redact_system",
     "consistentPseudonyms": "consistent_pseudonyms",
     "requireSubject": "require_subject",
+    "subjectMedia": "subject_media",
     "reportOnly": "report_only",
     "allowHeaderOverride": "allow_header_override",
+    "skipDocumentationIps": "skip_documentation_ips",
+    "upstreams": "upstreams",
 }
 DEFAULT_YAML = "tenant: default\nmode: reversible\nsets: [pii, pci, secrets]\nfailMode: closed\n"
 
@@ -106,6 +123,19 @@ def test_mode_off_written_bare_is_off(tmp_path: Path, written: str) -> None:
     """YAML 1.1 reads a bare `off` as false; the policy still means mode off."""
     policy = load_policy_file(write_dir(tmp_path, {"t.yaml": f"tenant: t\nmode: {written}\n"}) / "t.yaml")
     assert policy.mode == "off"
+
+
+def test_knob_table_covers_every_policy_field() -> None:
+    """A knob added to Policy must be added here too (and so to the strictness table's tests)."""
+    fields = {f.name for f in dataclasses.fields(Policy)} - {"tenant", "api_keys", "source"}
+    assert set(KNOB_ATTRS.values()) == fields
+
+
+@pytest.mark.parametrize("knob", ["reportOnly", "allowHeaderOverride"])
+def test_supported_knob_true_loads(tmp_path: Path, knob: str) -> None:
+    """reportOnly and allowHeaderOverride are honoured now: true loads."""
+    path = write_dir(tmp_path, {"t.yaml": f"tenant: t\n{knob}: true\n"}) / "t.yaml"
+    assert getattr(load_policy_file(path), KNOB_ATTRS[knob]) is True
 
 
 @pytest.mark.parametrize("knob", sorted(NOT_YET_SUPPORTED))
@@ -308,6 +338,287 @@ def test_key_written_twice_is_refused(tmp_path: Path) -> None:
     assert err.key in ("mode", "(file)")
 
 
+# --- strictness: which tenant X-Tenant may select -----------------------------------------------
+
+BASE = Policy(tenant="base")
+ALL_KNOBS = list(KNOB_ATTRS)  # the order less_strict_knobs reports in
+
+# (knob, a less strict value, a stricter value)
+STRICTER: list[tuple[str, object, object]] = [
+    ("mode", "off", "reversible"),
+    ("mode", "reversible", "strip"),
+    ("mode", "off", "strip"),
+    ("sets", ("pii",), ("pii", "secrets")),
+    ("sets", ("pii", "pci"), ALL_SETS),
+    ("sets", (), ("pci",)),
+    ("failMode", "open", "closed"),
+    ("redactSystem", False, True),
+    ("consistentPseudonyms", True, False),
+    ("requireSubject", False, True),
+    ("subjectMedia", "allow", "mask"),
+    ("subjectMedia", "mask", "block"),
+    ("subjectMedia", "allow", "block"),
+    ("reportOnly", True, False),
+    ("allowHeaderOverride", True, False),
+    ("skipDocumentationIps", True, False),
+]
+
+
+def with_knobs(policy: Policy = BASE, **knobs: object) -> Policy:
+    """`policy` with knobs given by their policy-file key."""
+    return dataclasses.replace(policy, **{KNOB_ATTRS[k]: v for k, v in knobs.items()})
+
+
+def test_strictness_cases_cover_every_ordered_knob() -> None:
+    """Every knob but upstreams (which has no order, only equality) has a direction case."""
+    assert {knob for knob, _, _ in STRICTER} == set(KNOB_ATTRS) - {"upstreams"}
+
+
+@pytest.mark.parametrize(("knob", "looser", "stricter"), STRICTER)
+def test_less_strict_knob_is_named_in_one_direction_only(knob: str, looser: object, stricter: object) -> None:
+    """A looser target is refused naming the knob; a stricter target is allowed."""
+    loose, strict = with_knobs(**{knob: looser}), with_knobs(**{knob: stricter})
+    assert less_strict_knobs(loose, strict) == [knob]
+    assert less_strict_knobs(strict, loose) == []
+
+
+@pytest.mark.parametrize(
+    ("knob", "one", "other"),
+    [
+        ("sets", ("pii",), ("secrets",)),  # disjoint: neither covers the other
+        ("sets", ("pii", "pci"), ("pci", "secrets")),
+        ("upstreams", frozenset({"openai"}), frozenset({"openai", "anthropic"})),  # fewer is no better
+        ("upstreams", frozenset({"openai"}), frozenset({"anthropic"})),
+        ("upstreams", frozenset(), frozenset({"anthropic"})),
+    ],
+)
+def test_incomparable_values_are_less_strict_both_ways(knob: str, one: object, other: object) -> None:
+    """Sets that do not contain each other, and any two different upstream lists, refuse both ways."""
+    first, second = with_knobs(**{knob: one}), with_knobs(**{knob: other})
+    assert less_strict_knobs(first, second) == [knob]
+    assert less_strict_knobs(second, first) == [knob]
+
+
+def test_identical_knobs_are_allowed_whatever_the_name_keys_and_file() -> None:
+    """Only knobs are compared: another tenant name, key list or source file changes nothing."""
+    other = dataclasses.replace(BASE, tenant="other", api_keys=frozenset({ACME_DIGEST}), source="x.yaml")
+    assert less_strict_knobs(BASE, BASE) == []
+    assert less_strict_knobs(other, BASE) == []
+
+
+def test_several_less_strict_knobs_are_all_named_in_order() -> None:
+    """Every knob the target loosens is named, in the fixed order, whatever order they were set in."""
+    loosest = with_knobs(
+        upstreams=frozenset({"openai"}),
+        skipDocumentationIps=True,
+        allowHeaderOverride=True,
+        reportOnly=True,
+        subjectMedia="allow",
+        requireSubject=False,
+        consistentPseudonyms=True,
+        redactSystem=False,
+        failMode="open",
+        sets=("pii",),
+        mode="off",
+    )
+    strictest = with_knobs(requireSubject=True, mode="strip")
+    assert less_strict_knobs(loosest, strictest) == ALL_KNOBS
+    assert less_strict_knobs(strictest, loosest) == ["upstreams"]
+    some = with_knobs(upstreams=frozenset({"anthropic"}), failMode="open", mode="off")
+    assert less_strict_knobs(some, BASE) == ["mode", "failMode", "upstreams"]
+
+
+def test_mode_strictness_ranks_every_mode() -> None:
+    """off < reversible < strip, one rank per mode a policy may hold."""
+    assert sorted(MODE_STRICTNESS, key=MODE_STRICTNESS.__getitem__) == ["off", "reversible", "strip"]
+
+
+# --- reload: per-file fallback -------------------------------------------------------------------
+
+BETA_KEY = "sk-beta-fedcba9876543210"  # invented
+BETA_DIGEST = hash_api_key(BETA_KEY)
+
+
+def beta(extra: str = "") -> str:
+    return f'tenant: beta\napiKeys: ["sha256:{BETA_DIGEST}"]\n{extra}'
+
+
+@pytest.fixture
+def loaded(tmp_path: Path) -> tuple[Path, PolicySet]:
+    """A directory of default, acme and beta, and what it loaded to."""
+    root = write_dir(tmp_path / "p", {"default.yaml": DEFAULT_YAML, "acme.yaml": acme(), "beta.yaml": beta()})
+    return root, load_policy_dir(root)
+
+
+def assert_error(err: PolicyError, path: Path, key: str, reason: str) -> None:
+    assert (err.source, err.key) == (str(path), key)
+    assert reason in err.reason
+
+
+def test_reload_of_an_unchanged_directory_equals_a_load(loaded: tuple[Path, PolicySet]) -> None:
+    root, previous = loaded
+    policies, errors = reload_policy_dir(root, previous)
+    assert errors == []
+    assert policies.tenants == previous.tenants
+    assert policies.by_key == previous.by_key
+
+
+def test_reload_applies_a_valid_change(loaded: tuple[Path, PolicySet]) -> None:
+    root, previous = loaded
+    write_dir(root, {"acme.yaml": acme("mode: strip\n")})
+    policies, errors = reload_policy_dir(root, previous)
+    assert errors == []
+    assert policies.tenants["acme"].mode == "strip"
+    assert policies.for_api_key(ACME_KEY).mode == "strip"
+
+
+def test_reload_keeps_an_invalid_file_previous_policy_and_applies_another_valid_edit(
+    loaded: tuple[Path, PolicySet],
+) -> None:
+    """acme's edit is broken: acme stays as it was; beta's valid edit in the same reload applies."""
+    root, previous = loaded
+    write_dir(root, {"acme.yaml": acme("mode: strip\nfailmode: open\n"), "beta.yaml": beta("mode: off\n")})
+    policies, errors = reload_policy_dir(root, previous)
+    assert len(errors) == 1
+    assert_error(errors[0], root / "acme.yaml", "failmode", "unknown key")
+    assert policies.tenants["acme"] is previous.tenants["acme"]
+    assert policies.for_api_key(ACME_KEY) is previous.tenants["acme"]
+    assert policies.tenants["beta"].mode == "off"
+    assert policies.for_api_key(BETA_KEY).mode == "off"
+
+
+def test_reload_keeps_the_previous_default_when_default_yaml_breaks(loaded: tuple[Path, PolicySet]) -> None:
+    root, previous = loaded
+    write_dir(root, {"default.yaml": "tenant: default\nmode: loud\n"})
+    policies, errors = reload_policy_dir(root, previous)
+    assert_error(errors[0], root / "default.yaml", "mode", "must be one of")
+    assert policies.default is previous.default
+
+
+def test_reload_leaves_out_a_new_invalid_file(loaded: tuple[Path, PolicySet]) -> None:
+    root, previous = loaded
+    write_dir(root, {"gamma.yml": "tenant: gamma\nsets: [pii, pii]\n"})
+    policies, errors = reload_policy_dir(root, previous)
+    assert len(errors) == 1
+    assert_error(errors[0], root / "gamma.yml", "sets", "lists a set twice")
+    assert set(policies.tenants) == {"default", "acme", "beta"}
+
+
+def test_reload_drops_the_tenant_of_a_deleted_file(loaded: tuple[Path, PolicySet]) -> None:
+    """Its key then selects the default tenant."""
+    root, previous = loaded
+    (root / "acme.yaml").unlink()
+    policies, errors = reload_policy_dir(root, previous)
+    assert errors == []
+    assert set(policies.tenants) == {"default", "beta"}
+    assert policies.for_api_key(ACME_KEY) is policies.default
+
+
+def test_reload_keeps_the_whole_previous_set_on_a_cross_file_conflict(loaded: tuple[Path, PolicySet]) -> None:
+    """Two files defining acme: nothing of this reload applies, not even beta's valid edit."""
+    root, previous = loaded
+    write_dir(root, {"acme2.yaml": "tenant: acme\n", "beta.yaml": beta("mode: off\n"), "bad.yaml": "[\n"})
+    policies, errors = reload_policy_dir(root, previous)
+    assert policies is previous
+    assert_error(errors[0], root / "acme2.yaml", "tenant", "also defined in another file")
+    assert_error(errors[1], root / "bad.yaml", "(file)", "is not valid YAML")
+    assert len(errors) == 2
+
+
+def test_reload_keeps_previous_when_a_key_would_select_two_tenants(loaded: tuple[Path, PolicySet]) -> None:
+    root, previous = loaded
+    write_dir(root, {"beta.yaml": f'tenant: beta\napiKeys: ["sha256:{ACME_DIGEST}"]\n'})
+    policies, errors = reload_policy_dir(root, previous)
+    assert policies is previous
+    assert_error(errors[0], root / "beta.yaml", "apiKeys", "also selects another tenant")
+
+
+def test_reload_keeps_previous_when_default_yaml_is_deleted(loaded: tuple[Path, PolicySet]) -> None:
+    root, previous = loaded
+    (root / "default.yaml").unlink()
+    policies, errors = reload_policy_dir(root, previous)
+    assert policies is previous
+    assert [(e.source, e.key) for e in errors] == [(str(root / "default.yaml"), "(file)")]
+    assert "is missing" in errors[0].reason
+
+
+def test_reload_keeps_previous_when_default_gains_keys(loaded: tuple[Path, PolicySet]) -> None:
+    root, previous = loaded
+    write_dir(root, {"default.yaml": f'tenant: default\napiKeys: ["sha256:{"1" * 64}"]\n'})
+    policies, errors = reload_policy_dir(root, previous)
+    assert policies is previous
+    assert_error(errors[0], root / "default.yaml", "apiKeys", "selected by no key")
+
+
+def test_reload_keeps_previous_when_the_directory_is_gone(loaded: tuple[Path, PolicySet]) -> None:
+    root, previous = loaded
+    moved = root.rename(root.with_name("elsewhere"))
+    policies, errors = reload_policy_dir(root, previous)
+    assert policies is previous
+    assert_error(errors[0], root, "(directory)", "does not exist")
+    assert policy_signature(moved) != ()
+
+
+# --- policy_signature ----------------------------------------------------------------------------
+
+
+def test_policy_signature_changes_on_edit_and_on_a_new_file(loaded: tuple[Path, PolicySet]) -> None:
+    root, _ = loaded
+    first = policy_signature(root)
+    assert [name for name, _, _ in first] == ["acme.yaml", "beta.yaml", "default.yaml"]
+    assert policy_signature(root) == first
+    write_dir(root, {"notes.txt": "not a policy\n"})
+    assert policy_signature(root) == first
+    write_dir(root, {"acme.yaml": acme("mode: strip\n")})  # another size
+    edited = policy_signature(root)
+    assert edited != first
+    write_dir(root, {"gamma.yml": "tenant: gamma\n"})
+    added = policy_signature(root)
+    assert [name for name, _, _ in added] == ["acme.yaml", "beta.yaml", "default.yaml", "gamma.yml"]
+    (root / "gamma.yml").unlink()
+    assert policy_signature(root) == edited
+
+
+def test_policy_signature_of_a_missing_directory_is_empty(tmp_path: Path) -> None:
+    assert policy_signature(tmp_path / "nowhere") == ()
+
+
+def test_policy_signature_sees_a_dangling_symlink(tmp_path: Path) -> None:
+    """A link to nothing still counts as a file, so its appearance triggers a reload (which reports it)."""
+    root = write_dir(tmp_path, {"default.yaml": DEFAULT_YAML})
+    before = policy_signature(root)
+    (root / "acme.yaml").symlink_to(tmp_path / "missing.yaml")
+    assert policy_signature(root) == (("acme.yaml", -1, -1), *before)
+
+
+# --- the shipped policies/ -----------------------------------------------------------------------
+
+
+def test_shipped_default_writes_every_knob_at_its_default() -> None:
+    """policies/default.yaml is the reference: every knob written out, each at the built-in default."""
+    path = ROOT / "policies" / "default.yaml"
+    written = yaml.safe_load(path.read_text(encoding="utf-8"))
+    assert set(written) == {"tenant", *KNOB_ATTRS}
+    assert load_policy_file(path) == Policy(tenant="default", source=str(path))
+
+
+def test_shipped_examples_are_selected_by_their_demo_keys() -> None:
+    """The demo keys named in the examples' comments select them; X-Tenant could pick strict over default."""
+    policies = load_policy_dir(ROOT / "policies")
+    support = policies.for_api_key("sk-example-support-key")
+    strict = policies.for_api_key("sk-example-strict")
+    assert (support.tenant, strict.tenant) == ("example-support", "example-strict")
+    assert (strict.mode, strict.require_subject, strict.subject_media, strict.fail_mode) == (
+        "strip",
+        True,
+        "block",
+        "closed",
+    )
+    assert less_strict_knobs(strict, policies.default) == []
+    assert less_strict_knobs(policies.default, strict) == ["mode", "requireSubject"]
+    assert less_strict_knobs(support, policies.default) == ["upstreams"]
+
+
 # --- `python -m ext_proc policy check DIR` -------------------------------------------------------
 
 
@@ -343,3 +654,144 @@ def test_policy_check_reports_file_key_reason(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert f"{root / 'acme.yaml'}: mdoe: unknown key" in result.stderr
     assert "ok" not in result.stdout
+
+
+def cli_check(
+    root: Path, files: dict[str, str | bytes], capsys: pytest.CaptureFixture[str]
+) -> tuple[int, str, str]:
+    """`policy check` run in this process on a directory of `files`: exit code, stdout, stderr."""
+    root.mkdir(parents=True, exist_ok=True)
+    for name, content in files.items():
+        if isinstance(content, bytes):
+            (root / name).write_bytes(content)
+        else:
+            (root / name).write_text(content, encoding="utf-8")
+    code = main(["policy", "check", str(root)])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def with_default(name: str, text: str | bytes) -> dict[str, str | bytes]:
+    return {"default.yaml": DEFAULT_YAML, name: text}
+
+
+RAW_KEY = "sk-pasted-by-mistake-0123456789"  # invented
+
+# (files, the file named, the key named, a fragment of the reason)
+CLI_CASES: list[tuple[dict[str, str | bytes], str, str, str]] = [
+    (with_default("acme.yaml", acme("failmode: closed\n")), "acme.yaml", "failmode", "unknown key; known:"),
+    (
+        with_default("acme.yaml", acme("mode: redact\n")),
+        "acme.yaml",
+        "mode",
+        "must be one of reversible, strip",
+    ),
+    (with_default("acme.yaml", acme("sets: [pii, phi]\n")), "acme.yaml", "sets", "unknown set 'phi'"),
+    (with_default("acme.yaml", acme("sets: [pci, pci]\n")), "acme.yaml", "sets", "lists a set twice"),
+    (
+        with_default("acme.yaml", f'tenant: acme\napiKeys: ["{RAW_KEY}"]\n'),
+        "acme.yaml",
+        "apiKeys",
+        "'sha256:' + 64 lowercase hex",
+    ),
+    (
+        with_default("acme.yaml", acme("mode: strip\nmode: off\n")),
+        "acme.yaml",
+        "mode",
+        "written twice (line 4)",
+    ),
+    (with_default("acme.yaml", "mode: strip\n"), "acme.yaml", "tenant", "must be a name"),
+    (with_default("acme.yaml", "tenant: acme corp\n"), "acme.yaml", "tenant", "must be a name"),
+    (with_default("acme.yaml", b"tenant: acme\n# caf\xe9\n"), "acme.yaml", "(file)", "is not UTF-8 text"),
+    (
+        with_default("acme.yaml", "tenant: acme\nmode: strip\n  sets: x\n"),
+        "acme.yaml",
+        "(file)",
+        "YAML at line 3",
+    ),
+    (with_default("acme.yaml", "- tenant: acme\n"), "acme.yaml", "(file)", "must be a YAML mapping"),
+    ({"acme.yaml": acme()}, "default.yaml", "(file)", "is missing"),
+    (
+        {"default.yaml": f'tenant: default\napiKeys: ["sha256:{ACME_DIGEST}"]\n'},
+        "default.yaml",
+        "apiKeys",
+        "by no key",
+    ),
+    (
+        {"default.yaml": DEFAULT_YAML, "acme.yaml": acme(), "acme2.yaml": "tenant: acme\n"},
+        "acme2.yaml",
+        "tenant",
+        "tenant 'acme' is also defined in another file",
+    ),
+    (
+        {
+            "default.yaml": DEFAULT_YAML,
+            "acme.yaml": acme(),
+            "beta.yaml": f'tenant: beta\napiKeys: ["sha256:{ACME_DIGEST}"]\n',
+        },
+        "beta.yaml",
+        "apiKeys",
+        "also selects another tenant",
+    ),
+    (
+        with_default("acme.yaml", acme("upstreams: [openai, mistral]\n")),
+        "acme.yaml",
+        "upstreams",
+        "'mistral'",
+    ),
+    (
+        with_default("acme.yaml", acme("consistentPseudonyms: true\n")),
+        "acme.yaml",
+        "consistentPseudonyms",
+        NOT_YET_SUPPORTED["consistentPseudonyms"],
+    ),
+    (
+        with_default("acme.yaml", acme('requireSubject: "yes"\n')),
+        "acme.yaml",
+        "requireSubject",
+        "must be true or false",
+    ),
+    (
+        with_default("acme.yml", acme("subjectMedia: hide\n")),
+        "acme.yml",
+        "subjectMedia",
+        "block, mask, allow",
+    ),
+    (
+        with_default("default.yml", "tenant: default\n"),
+        "default.yml",
+        "tenant",
+        "also defined in another file",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("files", "name", "key", "reason"), CLI_CASES, ids=[f"{name}:{key}" for _, name, key, _ in CLI_CASES]
+)
+def test_policy_check_names_the_exact_file_key_and_reason(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    files: dict[str, str | bytes],
+    name: str,
+    key: str,
+    reason: str,
+) -> None:
+    """One line on stderr, `file: key: reason`, exit 1, nothing claimed ok, no pasted key echoed."""
+    root = tmp_path / "p"
+    code, out, err = cli_check(root, files, capsys)
+    assert code == 1
+    assert out == ""
+    assert err.endswith("\n")
+    assert err.count("\n") == 1
+    assert err.startswith(f"policy check failed: {root / name}: {key}: ")
+    assert reason in err
+    assert RAW_KEY not in err
+    assert ACME_DIGEST not in err
+
+
+def test_policy_check_accepts_mode_off(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`mode: off` (which YAML alone would read as false) passes and is reported as off."""
+    code, out, err = cli_check(tmp_path / "p", with_default("acme.yaml", acme("mode: off\n")), capsys)
+    assert (code, err) == (0, "")
+    assert f"ok  {tmp_path / 'p' / 'acme.yaml'}  tenant=acme mode=off " in out
