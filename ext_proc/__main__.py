@@ -3,6 +3,7 @@
 serve           the gRPC server: WORKERS worker processes on EXTPROC_PORT
 scan            detect in text from stdin (or --jsonl records); prints findings, never values
 policy check    validate a policy directory (for the platform team's CI)
+receipts verify re-hash the receipt chains in Redis from their first record (for auditors)
 stack run|up|down   the whole local stack (what `make run`, `make up`, `make down` call)
 """
 
@@ -38,9 +39,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ext_proc import server
 
     settings = _settings(args)
-    if args.worker_index is not None:
-        return server.worker_main(settings, args.worker_index)
-    return server.serve(settings)
+    try:
+        if args.worker_index is not None:
+            return server.worker_main(settings, args.worker_index)
+        return server.serve(settings)
+    except ConfigError as exc:
+        raise SystemExit(f"configuration error: {exc}") from None
+
+
+def cmd_receipts_verify(args: argparse.Namespace) -> int:
+    from ext_proc.receipts import verify_cli
+
+    settings = _settings(args)
+    return verify_cli(settings.effective_redis_url, args.tenant, timeout=args.timeout)
 
 
 def cmd_scan(args: argparse.Namespace) -> int:
@@ -94,6 +105,15 @@ def build_parser() -> argparse.ArgumentParser:
     check = policy_commands.add_parser("check", help="validate every policy file of a directory")
     check.add_argument("directory")
     check.set_defaults(func=cmd_policy_check)
+
+    receipts = commands.add_parser("receipts", help="receipt chains in Redis (REDIS_URL)")
+    receipt_commands = receipts.add_subparsers(dest="receipts_command", required=True)
+    verify = receipt_commands.add_parser(
+        "verify", help="re-hash every chain (or one) from its first record; exit 1 if one is broken"
+    )
+    verify.add_argument("--tenant", help="verify only this tenant's chain")
+    verify.add_argument("--timeout", type=float, default=5.0, help="seconds per Redis call (default 5)")
+    verify.set_defaults(func=cmd_receipts_verify)
 
     stack_parser = commands.add_parser("stack", help="run the local stack (make run / up / down)")
     stack_parser.add_argument("action", choices=["run", "up", "down"])

@@ -6,6 +6,7 @@ The names are an interface: operators, tests and deployment manifests depend on 
 from __future__ import annotations
 
 import os
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +78,19 @@ def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
     raise ConfigError(f"{name} must be true or false")
 
 
+MIN_SECRET_CHARS = 32
+
+
+def _secret(env: Mapping[str, str], name: str) -> str | None:
+    raw = env.get(name, "")
+    if raw == "":
+        return None
+    if len(raw) < MIN_SECRET_CHARS or len(set(raw)) < 8:
+        # Never echo it: a length and a rule only.
+        raise ConfigError(f"{name} is too weak: use at least {MIN_SECRET_CHARS} random characters")
+    return raw
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     listen_address: str
@@ -101,6 +115,8 @@ class Settings:
     fake_upstream_port: int
     log_level: str
     message_timeout_seconds: int
+    redis_timeout_ms: int
+    receipt_secret: str | None  # None: generated once under RUN_DIR (one host only)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -134,11 +150,52 @@ class Settings:
             fake_upstream_port=_int(env, "FAKE_UPSTREAM_PORT", 18080, low=1, high=65535),
             log_level=env.get("LOG_LEVEL", "INFO").upper(),
             message_timeout_seconds=_int(env, "EXTPROC_MESSAGE_TIMEOUT", 60, low=1, high=300),
+            redis_timeout_ms=_int(env, "REDIS_TIMEOUT_MS", 250, low=10, high=60000),
+            receipt_secret=_secret(env, "RECEIPT_SECRET"),
         )
 
     @property
     def effective_redis_url(self) -> str:
         return self.redis_url or f"redis://127.0.0.1:{DEFAULT_REDIS_PORT}/0"
+
+    @property
+    def redis_timeout(self) -> float:
+        return self.redis_timeout_ms / 1000
+
+    @property
+    def receipt_secret_file(self) -> Path:
+        return self.run_dir / "receipt.secret"
+
+    def load_receipt_secret(self, *, create: bool = False) -> bytes:
+        """The HMAC key of `refDigest`: RECEIPT_SECRET, else a random one kept in RUN_DIR (0600).
+
+        Every worker and replica that answers the admin query must share it, so a deployment with
+        several replicas sets RECEIPT_SECRET; the generated file only serves one host. Never kept
+        in Redis: with the key next to the digests, a guessable ref could be found by trying.
+        """
+        if self.receipt_secret is not None:
+            return self.receipt_secret.encode("utf-8")
+        path = self.receipt_secret_file
+        if create and not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:
+                pass
+            else:
+                with os.fdopen(fd, "w") as out:
+                    out.write(secrets.token_hex(32))
+        try:
+            value = path.read_text().strip()
+        except OSError:
+            raise ConfigError(
+                f"RECEIPT_SECRET is unset and {path} cannot be read; set RECEIPT_SECRET"
+            ) from None
+        if len(value) < MIN_SECRET_CHARS:
+            raise ConfigError(
+                f"{path} does not hold a usable receipt secret; delete it or set RECEIPT_SECRET"
+            )
+        return value.encode("utf-8")
 
     @property
     def grpc_message_limit(self) -> int:

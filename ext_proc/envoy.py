@@ -37,15 +37,16 @@ _ANTHROPIC_ERROR_TYPES = {
 }
 
 
+def _header(name: str, value: str) -> base_pb2.HeaderValueOption:
+    return base_pb2.HeaderValueOption(
+        header=base_pb2.HeaderValue(key=name, raw_value=value.encode("utf-8")),
+        append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
+    )
+
+
 def _mutation(set_headers: Headers = (), remove: Iterable[str] = ()) -> pb.HeaderMutation:
     mutation = pb.HeaderMutation(remove_headers=list(remove))
-    for name, value in set_headers:
-        mutation.set_headers.append(
-            base_pb2.HeaderValueOption(
-                header=base_pb2.HeaderValue(key=name, raw_value=value.encode("utf-8")),
-                append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
-            )
-        )
+    mutation.set_headers.extend(_header(name, value) for name, value in set_headers)
     return mutation
 
 
@@ -155,3 +156,8 @@ def answer(status: int, body: bytes, headers: Headers = ()) -> pb.ProcessingResp
     immediate.status.code = status  # type: ignore[assignment]
     immediate.headers.CopyFrom(_mutation([("content-type", "application/json"), *headers]))
     return pb.ProcessingResponse(immediate_response=immediate)
+
+
+def add_answer_header(response: pb.ProcessingResponse, name: str, value: str) -> None:
+    """Add a header to a local answer already built (the receipt hash, known only after it)."""
+    response.immediate_response.headers.set_headers.append(_header(name, value))

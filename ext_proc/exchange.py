@@ -8,24 +8,25 @@ goes wrong before the request is released becomes a `Refusal`, answered by `envo
 
 from __future__ import annotations
 
-import hmac
+import asyncio
 import json
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from ext_proc import envoy
+from ext_proc import admin, envoy
 from ext_proc.bootstrap import ADMIN_ROUTE
 from ext_proc.catalog import Catalog
 from ext_proc.dialects import RouteInfo, classify
 from ext_proc.egress import check_body
 from ext_proc.errors import DetectionError, Refusal, describe
 from ext_proc.placeholders import PlaceholderMap
-from ext_proc.policy import Policy, PolicySet
+from ext_proc.policy import MODE_STRICTNESS, MODES, Policy, PolicySet, less_strict_knobs
+from ext_proc.receipts import Decision, Egress, ReceiptError, ReceiptFields, ReceiptStore, ref_digest
 from ext_proc.redact import Replacement, resolve_overlaps, reversible, rewrite, strip
 from ext_proc.restore import Restorer, SseRestorer, restore_json_body
 from ext_proc.subject_header import SubjectHeader, SubjectHeaderError, parse_subject_header
@@ -37,6 +38,9 @@ log = logging.getLogger("cordon.exchange")
 ROUTE_ATTRIBUTE = "xds.route_name"
 EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
 SUBJECT_HEADER = "x-cordon-subject"
+TENANT_HEADER = "x-tenant"
+MODE_HEADER = "x-redact-mode"
+RECEIPT_HEADER = "x-cordon-receipt"
 # Never forwarded: the filter's own headers, and accept-encoding so replies arrive readable.
 REMOVED_REQUEST_HEADERS = ("x-cordon-subject", "x-tenant", "x-redact-mode", "accept-encoding")
 TEXT_TYPES = ("application/json", "text/", "application/problem+json")
@@ -48,10 +52,17 @@ UNREAD_HEADERS = frozenset({"authorization", "x-api-key", SUBJECT_HEADER, "conte
 
 @dataclass(slots=True)
 class Runtime:
-    """What every exchange of one worker shares: read-only after start (reload swaps `policies`)."""
+    """What every exchange of one worker shares: read-only after start (reload swaps `policies`).
+
+    `receipts` None means no receipt store: every append fails, as if Redis were down.
+    """
 
     policies: PolicySet
     admin_token: str | None = None
+    receipts: ReceiptStore | None = None
+    receipt_secret: bytes = b""
+    trust_tenant_header: bool = False
+    stats: Counter[str] = field(default_factory=Counter)
 
 
 @dataclass(slots=True)
@@ -99,11 +110,17 @@ class Exchange:
     provider: str = "openai"
     pmap: PlaceholderMap = field(default_factory=PlaceholderMap)
     counts: Counter[str] = field(default_factory=Counter)
-    decision: str = "forwarded"
+    decision: Decision | None = None  # set once the request is released or refused
     stage: str | None = None
-    gap: str | None = None  # a detection failure forwarded under failMode: open
+    egress: Egress = "skipped"
+    media: int | None = None
+    gap: str | None = None  # a failure forwarded under failMode: open (detection, audit)
     header: SubjectHeader | None = None
     subjects: CompiledSubjects | None = None
+    status: int | None = None
+    receipt_hash: str | None = None
+    sealed: bool = False
+    admin_request: Headers | None = None
     response_kind: str = "none"  # none | buffered | sse
     sse: SseRestorer | None = None
     started: float = field(default_factory=time.perf_counter)
@@ -111,6 +128,33 @@ class Exchange:
     logged: bool = False
 
     # --- phases -------------------------------------------------------------------------------
+
+    async def process(
+        self, request: pb.ProcessingRequest, *, offload: bool = False
+    ) -> pb.ProcessingResponse | None:
+        """One message from Envoy → its answer. The receipt is written here, before the request's
+        last message is answered: nothing is released upstream without its record in Redis."""
+        if offload:
+            # Reading a large body takes long enough to starve the health checks and the other
+            # exchanges of this worker; a thread keeps the event loop answering.
+            response = await asyncio.to_thread(self.handle, request)
+        else:
+            response = self.handle(request)
+        if self.admin_request is not None:
+            headers, self.admin_request = self.admin_request, None
+            return await admin.answer(
+                headers.get(":method") or "GET",
+                headers.get(":path") or "/",
+                bearer_token(headers),
+                token=self.runtime.admin_token,
+                store=self.runtime.receipts,
+                secret=self.runtime.receipt_secret,
+            )
+        if self.decision is not None and not self.sealed and response is not None:
+            response = await self.seal(response)
+            if self.decision == "refused":
+                self.finish_log()
+        return response
 
     def handle(self, request: pb.ProcessingRequest) -> pb.ProcessingResponse | None:
         phase = request.WhichOneof("request")
@@ -131,16 +175,17 @@ class Exchange:
             return pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
         return None
 
-    def on_request_headers(self, headers: Headers) -> pb.ProcessingResponse:
+    def on_request_headers(self, headers: Headers) -> pb.ProcessingResponse | None:
         path = headers.get(":path") or "/"
         if headers.route_name == ADMIN_ROUTE:
-            self.decision = "admin"
-            return self.admin(headers, path)
+            self.admin_request = headers  # answered in `process`: it reads Redis
+            return None
+        self.select_policy(headers)
+        assert self.policy is not None
         self.route = classify(headers.route_name, path)
         if self.route is None:
             raise Refusal(404, "routing", "no upstream is configured for this path", code="not_found")
         self.provider = self.route.provider
-        self.policy = self.runtime.policies.for_api_key(api_key(headers))
         if self.route.provider not in self.policy.upstreams:
             raise Refusal(403, "policy", f"this tenant may not reach the {self.route.provider} upstream")
         raw_subject = headers.get(SUBJECT_HEADER)
@@ -152,16 +197,70 @@ class Exchange:
                 400, "request", "this tenant requires an X-Cordon-Subject header", code="subject_required"
             )
         encoding = (headers.get("content-encoding") or "identity").strip().lower()
-        if encoding != "identity":
-            raise Refusal(415, "request", "compressed request bodies cannot be read; send them uncompressed")
+        if encoding != "identity" and not headers.end_of_stream:
+            refusal = Refusal(
+                415, "request", "compressed request bodies cannot be read; send them uncompressed"
+            )
+            if not self.policy.report_only:
+                raise refusal
+            self.stage = refusal.stage  # report-only: forwarded as it is, the refusal recorded
+            return self.release_headers()
         if self.policy.mode == "off" or headers.end_of_stream:
-            # Nothing to redact, so nothing to restore: Envoy need not call again for this exchange.
-            # (A subject request never gets here with mode off; without a body, its path and
-            # headers were checked above.)
-            mode = envoy.body_modes(envoy.NONE, envoy.NONE, skip_response_headers=True)
-            self.finish_log()
-            return envoy.request_headers(remove=REMOVED_REQUEST_HEADERS, mode=mode)
+            # Nothing to redact: forwarded as it is. (A subject request never gets here with mode
+            # off; without a body, its path and headers were checked above.)
+            return self.release_headers()
         return envoy.request_headers(remove=REMOVED_REQUEST_HEADERS)
+
+    def release_headers(self) -> pb.ProcessingResponse:
+        """Forward without reading the body; the reply is neither read nor restored, but its headers
+        still pass here for the receipt header."""
+        assert self.policy is not None
+        self.decision = "reported" if self.policy.report_only else "forwarded"
+        mode = envoy.body_modes(envoy.NONE, envoy.NONE)
+        return envoy.request_headers(remove=REMOVED_REQUEST_HEADERS, mode=mode)
+
+    def select_policy(self, headers: Headers) -> None:
+        """The key's tenant; then `X-Tenant` (when trusted, towards a tenant at least as strict);
+        then `X-Redact-Mode` (when the tenant allows it, only tighter)."""
+        policies = self.runtime.policies
+        base = policies.for_api_key(api_key(headers))
+        self.policy = base
+        wanted = headers.get(TENANT_HEADER)
+        if wanted is not None and self.runtime.trust_tenant_header:
+            target = policies.tenants.get(wanted.strip())
+            if target is None:
+                raise Refusal(403, "policy", "X-Tenant names no configured tenant", code="tenant_forbidden")
+            looser = less_strict_knobs(target, base)
+            if looser:
+                raise Refusal(
+                    403,
+                    "policy",
+                    "X-Tenant may only select a tenant at least as strict as the API key's tenant; "
+                    f"the one named is less strict on: {', '.join(looser)}",
+                    code="tenant_forbidden",
+                )
+            self.policy = target
+        raw_mode = headers.get(MODE_HEADER)
+        if raw_mode is not None:
+            self.policy = self.override_mode(self.policy, raw_mode.strip().lower())
+
+    @staticmethod
+    def override_mode(policy: Policy, wanted: str) -> Policy:
+        if wanted not in MODES:
+            raise Refusal(400, "request", "X-Redact-Mode must be one of " + ", ".join(MODES))
+        if wanted == policy.mode:
+            return policy
+        if MODE_STRICTNESS[wanted] < MODE_STRICTNESS[policy.mode]:
+            raise Refusal(
+                403,
+                "policy",
+                f"X-Redact-Mode may only tighten the tenant's mode ({policy.mode}), never loosen it",
+            )
+        if not policy.allow_header_override:
+            raise Refusal(
+                403, "policy", "this tenant does not let X-Redact-Mode change its mode (allowHeaderOverride)"
+            )
+        return replace(policy, mode=wanted)  # type: ignore[arg-type]
 
     def read_subjects(self, raw: str, path: str) -> None:
         """Parse and compile the declared subjects; anything unreadable is a 400, never a fallback."""
@@ -180,9 +279,17 @@ class Exchange:
                 "policy",
                 "this tenant does not redact (mode: off); a request declaring subjects is refused",
             )
+        if self.policy.report_only:
+            raise Refusal(
+                422,
+                "policy",
+                "this tenant only reports (reportOnly: true) and would forward the body unchanged; "
+                "a request declaring subjects is refused",
+            )
         # The path leaves too (first_survivor also reads it percent-decoded: `mq%40example.com`).
         survivor = self.subjects.first_survivor(path)
         if survivor is not None:
+            self.egress = "refused"
             raise Refusal(
                 422, "egress", f"a declared identifier ({survivor}) is in the request path", kind=survivor
             )
@@ -195,6 +302,7 @@ class Exchange:
                 continue
             survivor = self.subjects.first_survivor(f"{name} {value}")
             if survivor is not None:
+                self.egress = "refused"
                 raise Refusal(
                     422, "egress", f"a declared identifier ({survivor}) is in a request header", kind=survivor
                 )
@@ -202,7 +310,16 @@ class Exchange:
     def on_request_body(self, body: pb.HttpBody) -> pb.ProcessingResponse:
         assert self.route is not None and self.policy is not None
         start = time.perf_counter()
-        raw = bytes(body.body)
+        try:
+            if self.policy.report_only:
+                return self.report_body(bytes(body.body))
+            response = self.request_body(bytes(body.body))
+            self.decision = "forwarded"
+            return response
+        finally:
+            self.timings["redact_ms"] = round((time.perf_counter() - start) * 1000, 3)
+
+    def request_body(self, raw: bytes) -> pb.ProcessingResponse:
         if not raw.strip():
             return envoy.request_body()
         try:
@@ -212,12 +329,18 @@ class Exchange:
                 400, "request", "the request body is not valid UTF-8", code="invalid_json"
             ) from None
         doc = parse_json(text)
+        if self.subjects is not None:
+            return self.subject_body(raw, doc)
+        return self.catalog_body(doc)
+
+    def report_body(self, raw: bytes) -> pb.ProcessingResponse:
+        """reportOnly: run the pipeline for its record, forward the original body unchanged."""
         try:
-            if self.subjects is not None:
-                return self.subject_body(raw, doc)
-            return self.catalog_body(doc)
-        finally:
-            self.timings["redact_ms"] = round((time.perf_counter() - start) * 1000, 3)
+            self.request_body(raw)
+        except Refusal as refusal:
+            self.stage = refusal.stage
+        self.decision = "reported"
+        return envoy.request_body()
 
     def catalog_body(self, doc: Any) -> pb.ProcessingResponse:
         """A request without declared subjects: redact; a detection failure follows failMode."""
@@ -226,12 +349,9 @@ class Exchange:
             new_doc, changed = self.redact_document(doc)
         except DetectionError as exc:
             # failMode applies to requests without declared subjects (all of them, in this version).
-            if self.policy.fail_mode == "closed":
+            if self.policy.fail_mode == "closed" and not self.policy.report_only:
                 raise Refusal(503, "detection", f"detection failed ({exc}); failMode is closed") from None
-            self.gap = str(exc)
-            log.warning(
-                json.dumps({"event": "detection_gap", "tenant": self.policy.tenant, "reason": str(exc)})
-            )
+            self.record_gap("detection", str(exc))
             return envoy.request_body()
         if not changed:
             return envoy.request_body()
@@ -258,12 +378,14 @@ class Exchange:
             log.error(json.dumps({"event": "subject_pipeline_failed", **describe(exc)}))
             raise Refusal(422, "detection", "detection failed; the request was refused") from None
         if hit is not None:
+            self.egress = "refused"
             raise Refusal(
                 422,
                 "egress",
                 f"a declared identifier ({hit.label}) would still have left in the request body",
                 kind=hit.label,
             )
+        self.egress = "verified"
         return envoy.request_body(body if changed else None)
 
     def apply_media_policy(self, doc: Any) -> None:
@@ -271,6 +393,7 @@ class Exchange:
         parts = list(
             {(id(part.container), part.key): part for part in self.route.dialect.media(doc)}.values()
         )
+        self.media = len(parts)
         if not parts:
             return
         choices = [self.policy.subject_media, self.header.media or "allow"]
@@ -303,6 +426,8 @@ class Exchange:
 
         dialect = self.route.dialect
         media = {(id(part.container), part.key) for part in dialect.media(doc) if part.is_bytes}
+        if self.media is None:
+            self.media = len(media)
         system: set[tuple[int, object]] = set()
         if not policy.redact_system:
             system = {(id(container), key) for container, key in dialect.system_positions(doc)}
@@ -313,10 +438,12 @@ class Exchange:
     def on_response_headers(self, headers: Headers) -> pb.ProcessingResponse:
         content_type = (headers.get("content-type") or "").lower()
         encoding = (headers.get("content-encoding") or "identity").lower()
+        receipt = [(RECEIPT_HEADER, self.receipt_hash)] if self.receipt_hash else []
         needs_restore = (
             self.route is not None
             and self.policy is not None
             and self.policy.mode == "reversible"
+            and not self.policy.report_only  # the upstream saw the original: nothing to restore
             and bool(self.pmap)
             and encoding == "identity"
         )
@@ -325,12 +452,13 @@ class Exchange:
             assert self.route is not None
             self.sse = SseRestorer(Restorer(self.pmap), self.route.dialect.name)
             mode = envoy.body_modes(envoy.NONE, envoy.STREAMED)
-            return envoy.response_headers(remove=("content-length",), mode=mode)
+            return envoy.response_headers(remove=("content-length",), set_headers=receipt, mode=mode)
         if needs_restore and content_type.startswith(TEXT_TYPES):
             self.response_kind = "buffered"
-            return envoy.response_headers(mode=envoy.body_modes(envoy.NONE, envoy.BUFFERED))
+            mode = envoy.body_modes(envoy.NONE, envoy.BUFFERED)
+            return envoy.response_headers(set_headers=receipt, mode=mode)
         self.finish_log()
-        return envoy.response_headers(mode=envoy.body_modes(envoy.NONE, envoy.NONE))
+        return envoy.response_headers(set_headers=receipt, mode=envoy.body_modes(envoy.NONE, envoy.NONE))
 
     def on_response_body(self, body: pb.HttpBody) -> pb.ProcessingResponse:
         assert self.route is not None
@@ -352,27 +480,82 @@ class Exchange:
             return envoy.response_body(restored)
         return envoy.response_body()
 
-    # --- answers ------------------------------------------------------------------------------
+    # --- decisions ----------------------------------------------------------------------------
 
     def refuse(self, refusal: Refusal) -> pb.ProcessingResponse:
+        if self.policy is None:
+            self.policy = self.runtime.policies.default  # refused before a tenant was chosen
         self.decision = "refused"
         self.stage = refusal.stage
-        self.finish_log(status=refusal.status)
+        self.status = refusal.status
         return envoy.refuse(refusal, self.provider)
 
-    def admin(self, headers: Headers, path: str) -> pb.ProcessingResponse:
-        token = self.runtime.admin_token
-        if not token:
-            return envoy.refuse(
-                Refusal(404, "admin", "the admin API is closed (ADMIN_TOKEN is unset)"), "openai"
-            )
-        given = bearer_token(headers) or ""
-        if not hmac.compare_digest(given.encode(), token.encode()):
-            return envoy.refuse(Refusal(401, "admin", "a valid admin bearer token is required"), "openai")
-        return envoy.refuse(Refusal(404, "admin", "no such admin endpoint"), "openai")
+    def record_gap(self, what: str, reason: str) -> None:
+        """A failure forwarded anyway (failMode: open, or a refusal's receipt): logged and counted."""
+        self.gap = what
+        self.runtime.stats[f"gap_{what}"] += 1
+        tenant = self.policy.tenant if self.policy else None
+        log.warning(json.dumps({"event": f"{what}_gap", "tenant": tenant, "reason": reason}))
 
-    def finish_log(self, status: int | None = None) -> None:
-        if self.logged:
+    def receipt_fields(self) -> ReceiptFields:
+        assert self.policy is not None and self.decision is not None
+        ref = self.header.ref if self.header is not None else None
+        return ReceiptFields(
+            tenant=self.policy.tenant,
+            dialect=self.route.dialect.name if self.route is not None else "none",
+            mode=self.policy.mode,
+            decision=self.decision,
+            stage=self.stage,  # type: ignore[arg-type]
+            counts=self.counts,
+            ref_digest=ref_digest(self.runtime.receipt_secret, ref) if ref else None,
+            egress=self.egress,
+            media=self.media,
+        )
+
+    async def seal(self, response: pb.ProcessingResponse) -> pb.ProcessingResponse:
+        """Append this exchange's receipt; only then is its answer released.
+
+        Redis down or slow: a refusal still goes out (without a receipt header); a request with
+        subjects, or under `failMode: closed`, is refused 503 `audit`; under `failMode: open` it is
+        forwarded and the gap logged and counted.
+        """
+        self.sealed = True
+        store = self.runtime.receipts
+        start = time.perf_counter()
+        try:
+            if store is None:
+                raise ReceiptError("no receipt store is configured")
+            receipt = await store.append(self.receipt_fields())
+        except ReceiptError as exc:
+            self.timings["receipt_ms"] = round((time.perf_counter() - start) * 1000, 3)
+            return self.audit_failed(response, str(exc))
+        self.timings["receipt_ms"] = round((time.perf_counter() - start) * 1000, 3)
+        self.runtime.stats["receipts"] += 1
+        self.receipt_hash = receipt.hash
+        if response.HasField("immediate_response"):
+            envoy.add_answer_header(response, RECEIPT_HEADER, receipt.hash)
+        return response
+
+    def audit_failed(self, response: pb.ProcessingResponse, reason: str) -> pb.ProcessingResponse:
+        assert self.policy is not None
+        if response.HasField("immediate_response"):
+            self.record_gap("audit", reason)  # the refusal stands; only its record is missing
+            return response
+        if self.subjects is not None or self.policy.fail_mode == "closed":
+            self.runtime.stats["gap_audit_refused"] += 1
+            log.error(json.dumps({"event": "audit_failed", "tenant": self.policy.tenant, "reason": reason}))
+            return self.refuse(
+                Refusal(503, "audit", "the audit record could not be written; the request was not forwarded")
+            )
+        self.record_gap("audit", reason)
+        return response
+
+    def close(self) -> None:
+        """The stream ended (the client left, or Envoy stopped calling): log what is known."""
+        self.finish_log()
+
+    def finish_log(self) -> None:
+        if self.logged or self.decision is None:
             return
         self.logged = True
         record: dict[str, object] = {
@@ -383,13 +566,14 @@ class Exchange:
             "mode": self.policy.mode if self.policy else None,
             "decision": self.decision,
             "counts": dict(self.counts),
+            "receipt": self.receipt_hash,
             "ms": round((time.perf_counter() - self.started) * 1000, 3),
             **self.timings,
         }
         if self.stage:
             record["stage"] = self.stage
-        if status:
-            record["status"] = status
+        if self.status:
+            record["status"] = self.status
         if self.gap:
             record["gap"] = self.gap
         log.info(json.dumps(record, separators=(",", ":")))

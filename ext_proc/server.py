@@ -29,13 +29,15 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from ext_proc.config import Settings
 from ext_proc.errors import describe
 from ext_proc.exchange import Exchange, Runtime
-from ext_proc.policy import load_policy_dir
+from ext_proc.policy import load_policy_dir, policy_signature, reload_policy_dir
+from ext_proc.receipts import ReceiptStore
 
 log = logging.getLogger("cordon.server")
 
 DRAIN_SECONDS = 20.0
 LARGE_BODY_BYTES = 256 * 1024
 SERVICE_NAME = "envoy.service.ext_proc.v3.ExternalProcessor"
+POLICY_POLL_SECONDS = 1.0
 
 
 class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
@@ -46,22 +48,20 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
         self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ProcessingResponse]:
         exchange = Exchange(self.runtime)
-        async for request in request_iterator:
-            try:
-                if _body_size(request) > LARGE_BODY_BYTES:
-                    # Reading a large body takes long enough to starve the health checks and the
-                    # other exchanges of this worker; a thread keeps the event loop answering.
-                    response = await asyncio.to_thread(exchange.handle, request)
-                else:
-                    response = exchange.handle(request)
-            except Exception as exc:
-                # The stream ends with a gRPC error; Envoy, with failure_mode_allow false, answers
-                # 500 (or resets a reply stream): nothing unprocessed goes through. The log names
-                # the error's type and place only: an exception's message can quote the body.
-                log.error(json.dumps({"event": "exchange_failed", **describe(exc)}))
-                await context.abort(grpc.StatusCode.INTERNAL, "processing failed")
-            if response is not None:
-                yield response
+        try:
+            async for request in request_iterator:
+                try:
+                    response = await exchange.process(request, offload=_body_size(request) > LARGE_BODY_BYTES)
+                except Exception as exc:
+                    # The stream ends with a gRPC error; Envoy, with failure_mode_allow false,
+                    # answers 500 (or resets a reply stream): nothing unprocessed goes through. The
+                    # log names the error's type and place only: a message can quote the body.
+                    log.error(json.dumps({"event": "exchange_failed", **describe(exc)}))
+                    await context.abort(grpc.StatusCode.INTERNAL, "processing failed")
+                if response is not None:
+                    yield response
+        finally:
+            exchange.close()
 
 
 def _body_size(request: pb.ProcessingRequest) -> int:
@@ -77,8 +77,50 @@ def ready_file(settings: Settings, index: int) -> Path:
     return settings.run_dir / "extproc" / f"worker-{index}.ready"
 
 
+async def watch_policies(settings: Settings, runtime: Runtime, wake: asyncio.Event) -> None:
+    """Reload the policy directory when a file changes (polled) or on SIGHUP (`wake`).
+
+    A file that no longer loads keeps its last good version; the reason is logged (file, key,
+    reason: never a value).
+    """
+    signature = policy_signature(settings.policy_dir)
+    while True:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(POLICY_POLL_SECONDS):
+                await wake.wait()
+        forced = wake.is_set()
+        wake.clear()
+        current = policy_signature(settings.policy_dir)
+        if current == signature and not forced:
+            continue
+        signature = current
+        policies, errors = reload_policy_dir(settings.policy_dir, runtime.policies)
+        for error in errors:
+            runtime.stats["policy_reload_errors"] += 1
+            log.error(
+                json.dumps(
+                    {
+                        "event": "policy_reload_error",
+                        "file": error.source,
+                        "key": error.key,
+                        "reason": error.reason,
+                    }
+                )
+            )
+        if policies is not runtime.policies:
+            runtime.policies = policies
+            log.info(json.dumps({"event": "policy_reloaded", "tenants": sorted(policies.tenants)}))
+
+
 async def run_worker(settings: Settings, index: int) -> None:
-    runtime = Runtime(policies=load_policy_dir(settings.policy_dir), admin_token=settings.admin_token)
+    store = ReceiptStore.from_url(settings.effective_redis_url, timeout=settings.redis_timeout)
+    runtime = Runtime(
+        policies=load_policy_dir(settings.policy_dir),
+        admin_token=settings.admin_token,
+        receipts=store,
+        receipt_secret=settings.load_receipt_secret(),
+        trust_tenant_header=settings.trust_tenant_header,
+    )
     limit = settings.grpc_message_limit
     server = grpc.aio.server(
         options=[
@@ -102,15 +144,20 @@ async def run_worker(settings: Settings, index: int) -> None:
     log.info('{"event":"worker_serving","worker":%d,"pid":%d}', index, os.getpid())
 
     stop = asyncio.Event()
+    reload = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, reload.set)
+    watcher = asyncio.create_task(watch_policies(settings, runtime, reload))
     await stop.wait()
+    watcher.cancel()
     with contextlib.suppress(FileNotFoundError):
         marker.unlink()
     for service in ("", SERVICE_NAME):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
     await server.stop(DRAIN_SECONDS)
+    await store.aclose()
     log.info('{"event":"worker_stopped","worker":%d}', index)
 
 
@@ -122,6 +169,7 @@ def worker_main(settings: Settings, index: int) -> int:
 def serve(settings: Settings) -> int:
     """Supervise WORKERS worker processes until SIGTERM/SIGINT; restart any that dies."""
     load_policy_dir(settings.policy_dir)  # a bad policy is a startup error here, not in N workers
+    settings.load_receipt_secret(create=True)  # made once here, read by every worker
     for stale in (settings.run_dir / "extproc").glob("worker-*.ready"):
         stale.unlink()
     stopping = False
@@ -134,9 +182,15 @@ def serve(settings: Settings) -> int:
         nonlocal stopping
         stopping = True
 
+    def on_hangup(signum: int, frame: object) -> None:
+        for process in workers.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGHUP)
+
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     workers = {index: start(index) for index in range(settings.workers)}
+    signal.signal(signal.SIGHUP, on_hangup)
     restarts: dict[int, float] = {}
     while not stopping:
         time.sleep(0.2)

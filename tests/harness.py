@@ -30,7 +30,13 @@ KEYS = {
     "open": "sk-test-tenant-failopen",
     "require": "sk-test-tenant-require-subject",
     "allow-media": "sk-test-tenant-allow-media",
+    "report": "sk-test-tenant-report-only",
+    "override": "sk-test-tenant-header-override",
+    "chain": "sk-test-tenant-chain",
 }
+# Test-only secrets (the stack reads them from the environment like a deployment would).
+ADMIN_TOKEN = "test-admin-token-0123456789abcdef"
+RECEIPT_SECRET = "test-receipt-secret-0123456789abcdefghijkl"
 
 
 def free_port() -> int:
@@ -52,29 +58,63 @@ def write_policies(directory: Path) -> None:
         "open": "failMode: open",
         "require": "requireSubject: true",
         "allow-media": "subjectMedia: allow",
+        "report": "reportOnly: true",
+        "override": "allowHeaderOverride: true",
+        "chain": "mode: reversible",
     }
     for name, knob in tenants.items():
         digest = hash_api_key(KEYS[name])
         (directory / f"{name}.yaml").write_text(f'tenant: {name}\napiKeys: ["sha256:{digest}"]\n{knob}\n')
 
 
-@contextlib.contextmanager
-def redis_server(run_dir: Path) -> Iterator[str]:
-    port = free_port()
-    data = run_dir / "redis"
-    data.mkdir(parents=True, exist_ok=True)
-    process = subprocess.Popen(
-        [redis_binary(), "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--dir", str(data)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        if not wait_port("127.0.0.1", port, time.monotonic() + 10):
+class RedisProcess:
+    """A real redis-server on a free loopback port that a test may kill and start again.
+
+    `persistent` turns on the append-only file with an fsync per write, so a kill -9 loses
+    nothing that was acknowledged (what production should run for the receipt chains).
+    """
+
+    def __init__(self, data_dir: Path, *, persistent: bool = False) -> None:
+        self.port = free_port()
+        self.data_dir = data_dir
+        self.persistent = persistent
+        self.process: subprocess.Popen[bytes] | None = None
+        data_dir.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        command = [redis_binary(), "--bind", "127.0.0.1", "--port", str(self.port), "--save", ""]
+        command += ["--dir", str(self.data_dir)]
+        if self.persistent:
+            command += ["--appendonly", "yes", "--appendfsync", "always"]
+        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if not wait_port("127.0.0.1", self.port, time.monotonic() + 10):
             raise RuntimeError("test Redis did not start")
-        yield f"redis://127.0.0.1:{port}/0"
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        self.process = None
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+        self.process = None
+
+
+@contextlib.contextmanager
+def redis_server(run_dir: Path, *, persistent: bool = False) -> Iterator[RedisProcess]:
+    server = RedisProcess(run_dir / "redis", persistent=persistent)
+    server.start()
+    try:
+        yield server
     finally:
-        process.terminate()
-        process.wait(timeout=10)
+        server.stop()
 
 
 @dataclass
@@ -84,6 +124,7 @@ class RunningStack:
     env: dict[str, str]
     stack: Stack
     ca_file: Path = field(default_factory=Path)
+    redis: RedisProcess | None = None
 
     @property
     def base_url(self) -> str:
@@ -95,9 +136,14 @@ class RunningStack:
 
 
 def stack_env(
-    run_dir: Path, policy_dir: Path, redis_url: str, upstream_url: str, workers: int = 2
+    run_dir: Path,
+    policy_dir: Path,
+    redis_url: str,
+    upstream_url: str,
+    workers: int = 2,
+    **extra: str,
 ) -> dict[str, str]:
-    return {
+    env = {
         **os.environ,
         "RUN_DIR": str(run_dir),
         "POLICY_DIR": str(policy_dir),
@@ -110,23 +156,42 @@ def stack_env(
         "EXTPROC_PORT": str(free_port()),
         "WORKERS": str(workers),
         "LOG_LEVEL": "INFO",
+        "ADMIN_TOKEN": ADMIN_TOKEN,
+        "RECEIPT_SECRET": RECEIPT_SECRET,
+        "TRUST_TENANT_HEADER": "true",
+        **extra,
     }
+    return {name: value for name, value in env.items() if value != ""}
 
 
 @contextlib.contextmanager
-def running_stack(tmp: Path, *, workers: int = 2) -> Iterator[RunningStack]:
+def running_stack(
+    tmp: Path,
+    *,
+    workers: int = 2,
+    redis: RedisProcess | None = None,
+    upstream: FakeUpstream | None = None,
+    **extra: str,
+) -> Iterator[RunningStack]:
+    """The whole stack on free ports. `redis`/`upstream` may be shared with another stack;
+    `extra` overrides environment variables (an empty string removes one)."""
     run_dir = tmp / "run"
     policy_dir = tmp / "policies"
     write_policies(policy_dir)
-    with redis_server(run_dir) as redis_url, FakeUpstream() as upstream:
-        env = stack_env(run_dir, policy_dir, redis_url, upstream.url, workers)
+    with contextlib.ExitStack() as resources:
+        if redis is None:
+            redis = resources.enter_context(redis_server(run_dir))
+        if upstream is None:
+            upstream = resources.enter_context(FakeUpstream())
+        env = stack_env(run_dir, policy_dir, redis.url, upstream.url, workers, **extra)
         settings = Settings.from_env(env)
         saved = os.environ.copy()
+        os.environ.clear()
         os.environ.update(env)  # the services the stack spawns read the same environment
         stack = Stack(settings, quiet=True)
         try:
             stack.start()
-            yield RunningStack(settings, upstream, env, stack, run_dir / "tls" / "ca.pem")
+            yield RunningStack(settings, upstream, env, stack, run_dir / "tls" / "ca.pem", redis)
         finally:
             stack.stop()
             os.environ.clear()

@@ -75,8 +75,8 @@ def fields(tenant: str, n: int = 0, **extra: Any) -> ReceiptFields:
 
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with redis_server(tmp_path_factory.mktemp("receipts")) as url:
-        yield url
+    with redis_server(tmp_path_factory.mktemp("receipts")) as server:
+        yield server.url
 
 
 async def append_many(url: str, tenant: str, n: int, **store_kwargs: Any) -> list[Receipt]:
@@ -361,8 +361,8 @@ def test_find_by_ref_digest_after_verify(redis_url: str) -> None:
 
 
 def test_verify_cli_exit_codes(tmp_path: Path) -> None:
-    with redis_server(tmp_path) as redis_url:
-        _verify_cli_exit_codes(redis_url)
+    with redis_server(tmp_path) as server:
+        _verify_cli_exit_codes(server.url)
     out = io.StringIO()
     assert verify_cli(f"redis://127.0.0.1:{free_port()}/0", "cli", out=out, timeout=0.5) == 2
     assert out.getvalue().startswith("receipts verify: ")

@@ -48,8 +48,8 @@ def pid_alive(pid: int) -> bool:
 
 def test_up_redacts_and_down_stops_everything(tmp_path: Path) -> None:
     write_policies(tmp_path / "policies")
-    with redis_server(tmp_path) as redis_url, FakeUpstream() as upstream:
-        env = stack_env(tmp_path / "run", tmp_path / "policies", redis_url, upstream.url, workers=2)
+    with redis_server(tmp_path) as redis, FakeUpstream() as upstream:
+        env = stack_env(tmp_path / "run", tmp_path / "policies", redis.url, upstream.url, workers=2)
         up = stack_command("up", env)
         try:
             assert up.returncode == 0, up.stderr
@@ -74,8 +74,8 @@ def test_up_fails_on_a_bad_policy_and_leaves_nothing(tmp_path: Path) -> None:
     policies = tmp_path / "policies"
     write_policies(policies)
     (policies / "broken.yaml").write_text("tenant: broken\nmode: sometimes\n")
-    with redis_server(tmp_path) as redis_url, FakeUpstream() as upstream:
-        env = stack_env(tmp_path / "run", policies, redis_url, upstream.url, workers=1)
+    with redis_server(tmp_path) as redis, FakeUpstream() as upstream:
+        env = stack_env(tmp_path / "run", policies, redis.url, upstream.url, workers=1)
         up = stack_command("up", env)
         assert up.returncode == 1
         assert "broken.yaml" in up.stderr and "mode" in up.stderr
@@ -85,8 +85,8 @@ def test_up_fails_on_a_bad_policy_and_leaves_nothing(tmp_path: Path) -> None:
 
 def test_up_fails_when_a_port_is_taken(tmp_path: Path) -> None:
     write_policies(tmp_path / "policies")
-    with redis_server(tmp_path) as redis_url, FakeUpstream() as upstream, socket.socket() as holder:
-        env = stack_env(tmp_path / "run", tmp_path / "policies", redis_url, upstream.url, workers=1)
+    with redis_server(tmp_path) as redis, FakeUpstream() as upstream, socket.socket() as holder:
+        env = stack_env(tmp_path / "run", tmp_path / "policies", redis.url, upstream.url, workers=1)
         holder.bind(("127.0.0.1", int(env["LISTEN_PORT"])))
         holder.listen()
         up = stack_command("up", env)

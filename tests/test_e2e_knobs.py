@@ -1,0 +1,164 @@
+"""Every policy knob of SPEC §10 end to end through Envoy, asserting what the upstream received (or
+that it was never called) and what the receipt recorded. The session stack trusts X-Tenant
+(TRUST_TENANT_HEADER=true); test_e2e_audit checks the default, where it is ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from ext_proc.subject_header import encode_subject_header
+from tests.e2e_support import PERSON, SAMPLES, SENTENCE, chat_body, leaked, request
+from tests.fake_upstream import FakeUpstream
+from tests.harness import KEYS, RunningStack
+from tests.receipt_support import record_for
+
+pytestmark = pytest.mark.e2e
+
+CHAT = "/v1/chat/completions"
+SUBJECT = {"x-cordon-subject": encode_subject_header({"ref": "knobs", "subjects": [PERSON]})}
+
+
+def auth(tenant: str | None) -> dict[str, str]:
+    return {"authorization": f"Bearer {KEYS[tenant]}"} if tenant else {}
+
+
+def post(stack: RunningStack, body: Any, headers: dict[str, str] | None = None, path: str = CHAT) -> Any:
+    return request(stack.settings.listen_port, "POST", path, body, headers)
+
+
+# --- reportOnly -------------------------------------------------------------------------------
+
+
+def test_report_only_forwards_the_original_and_records_the_counts(
+    stack: RunningStack, upstream: FakeUpstream
+) -> None:
+    body = json.dumps(chat_body(SENTENCE), separators=(",", ":"))
+    reply = post(stack, body, auth("report"))
+    assert reply.status == 200
+    assert upstream.received[0].body == body.encode()  # byte for byte
+    record = record_for(stack, "report", reply.headers.get("x-cordon-receipt"))
+    assert record["decision"] == "reported" and "stage" not in record
+    assert record["counts"]["EMAIL"] == 1 and record["counts"]["IBAN"] == 1
+    # Nothing was replaced upstream, so nothing is restored: the reply is the upstream's own.
+    assert set(leaked(reply.body)) == set(leaked(upstream.received[0].body))
+
+
+def test_report_only_records_a_refusal_it_did_not_make(stack: RunningStack, upstream: FakeUpstream) -> None:
+    reply = post(stack, "this is not json", {**auth("report"), "content-type": "application/json"})
+    # Forwarded as it was: the answer is the upstream's own complaint, not ours.
+    assert upstream.received[0].body == b"this is not json"
+    assert reply.status == 400 and b"fake upstream" in reply.body
+    record = record_for(stack, "report", reply.headers.get("x-cordon-receipt"))
+    assert record["decision"] == "reported" and record["stage"] == "request"
+
+
+def test_report_only_refuses_a_request_declaring_subjects(
+    stack: RunningStack, upstream: FakeUpstream
+) -> None:
+    reply = post(stack, chat_body("Call Marisol Quintero-Vance."), {**auth("report"), **SUBJECT})
+    assert reply.status == 422 and reply.json()["error"]["stage"] == "policy"
+    assert upstream.received == []
+    assert record_for(stack, "report", reply.headers.get("x-cordon-receipt"))["decision"] == "refused"
+
+
+# --- X-Redact-Mode ----------------------------------------------------------------------------
+
+MODE_CASES = [
+    # (tenant, header value, status, mode the upstream body shows)
+    ("override", "strip", 200, "strip"),
+    ("override", "STRIP", 200, "strip"),
+    ("override", "reversible", 200, "reversible"),
+    ("override", "off", 403, None),
+    ("strip", "reversible", 403, None),
+    (None, "strip", 403, None),  # the default tenant does not allow the override
+    (None, "reversible", 200, "reversible"),  # asking for the mode it has is no override
+    ("override", "shred", 400, None),
+]
+
+
+@pytest.mark.parametrize(("tenant", "value", "status", "mode"), MODE_CASES)
+def test_x_redact_mode_only_tightens(
+    stack: RunningStack, upstream: FakeUpstream, tenant: str | None, value: str, status: int, mode: str | None
+) -> None:
+    reply = post(stack, chat_body(SENTENCE), {**auth(tenant), "x-redact-mode": value})
+    assert reply.status == status
+    if mode is None:
+        assert upstream.received == []
+        assert reply.json()["error"]["stage"] in ("policy", "request")
+        return
+    sent = upstream.received[0]
+    assert leaked(sent.body) == [] and "x-redact-mode" not in sent.headers
+    placeholders = "<EMAIL_" in sent.text()
+    assert placeholders == (mode == "reversible")
+    record = record_for(stack, tenant or "default", reply.headers.get("x-cordon-receipt"))
+    assert record["mode"] == mode
+
+
+# --- X-Tenant ---------------------------------------------------------------------------------
+
+TENANT_CASES = [
+    # (key's tenant, X-Tenant, status, tenant recorded, knobs named in the refusal)
+    (None, "strip", 200, "strip", []),  # stricter mode, equal elsewhere
+    (None, "require", 400, "require", []),  # stricter (requireSubject), so selected: and it requires
+    (None, "mode-off", 403, "default", ["mode"]),
+    (None, "open", 403, "default", ["failMode"]),
+    (None, "nosystem", 403, "default", ["redactSystem"]),
+    (None, "report", 403, "default", ["reportOnly"]),
+    (None, "override", 403, "default", ["allowHeaderOverride"]),
+    (None, "allow-media", 403, "default", ["subjectMedia"]),
+    (None, "openai-only", 403, "default", ["upstreams"]),
+    ("strip", "default", 403, "strip", ["mode"]),
+    ("open", "default", 200, "default", []),
+    (None, "no-such-tenant", 403, "default", []),
+]
+
+
+@pytest.mark.parametrize(("key", "wanted", "status", "recorded", "knobs"), TENANT_CASES)
+def test_x_tenant_selects_only_a_tenant_at_least_as_strict(
+    stack: RunningStack,
+    upstream: FakeUpstream,
+    key: str | None,
+    wanted: str,
+    status: int,
+    recorded: str,
+    knobs: list[str],
+) -> None:
+    reply = post(stack, chat_body(SENTENCE), {**auth(key), "x-tenant": wanted})
+    assert reply.status == status
+    record = record_for(stack, recorded, reply.headers.get("x-cordon-receipt"))
+    if status != 200:
+        assert upstream.received == []
+        assert record["decision"] == "refused"
+        message = reply.json()["error"]["message"]
+        for knob in knobs:
+            assert knob in message
+        return
+    sent = upstream.received[0]
+    assert leaked(sent.body) == [] and "x-tenant" not in sent.headers
+    assert record["decision"] == "forwarded"
+
+
+def test_require_subject_with_a_subject_is_forwarded(stack: RunningStack, upstream: FakeUpstream) -> None:
+    reply = post(
+        stack,
+        chat_body(f"Write to Marisol Quintero-Vance at {SAMPLES['EMAIL']}."),
+        {**auth("require"), **SUBJECT},
+    )
+    assert reply.status == 200 and len(upstream.received) == 1
+    assert "Marisol" not in upstream.received[0].text()
+
+
+def test_nesting_past_the_limit_is_refused_under_either_fail_mode(
+    stack: RunningStack, upstream: FakeUpstream
+) -> None:
+    """A body nested past the limit inside a string is refused under `failMode: open` too: it is
+    never forwarded half-read (SPEC §11). failMode open vs closed on Redis: test_e2e_audit."""
+    deep = "[" * 80 + "]" * 80
+    for tenant in (None, "open"):
+        upstream.clear()
+        reply = post(stack, chat_body(deep), auth(tenant))
+        assert reply.status == 422 and upstream.received == []
