@@ -35,12 +35,14 @@ in one slot, so the append script and the verify snapshot work on Redis Cluster)
 
 Append is a compare-and-set, because Redis has no SHA-256 in Lua: the hash is computed here against
 the head we believe in, and one Lua script checks that the head key still equals that `prev`, then
-XADDs the entry and moves the head, atomically. On a conflict the script answers the current head
-and we re-hash against it. Writers in one process queue on a per-tenant lock, so conflicts only
-happen between processes and replicas. Plain optimistic retries starve under sustained contention
-(the last winner knows the new head first and wins again), so the first loser of a race takes a
-short "turn" that only it may append in; retries are bounded (count and `timeout`) with jitter.
-An append costs one round trip when nothing raced it, whatever the chain's length.
+XADDs the entries and moves the head, atomically. On a conflict the script answers the current head
+and we re-hash against it. Writers in one process queue per tenant, so conflicts only happen
+between processes and replicas, and whoever holds the tenant's lock writes everything queued so
+far in one call (a batch, chained locally: under load N exchanges cost one round trip, not N).
+Plain optimistic retries starve under sustained contention (the last winner knows the new head
+first and wins again), so the first loser of a race takes a short "turn" that only it may append
+in; retries are bounded (count and `timeout`) with jitter. An append costs one round trip when
+nothing raced it, whatever the chain's length.
 
 Verification walks the stream in order and recomputes every hash from the stored bytes. It is
 incremental: the last verified (stream id, hash) is kept as a checkpoint **in this process only**.
@@ -240,6 +242,17 @@ class Receipt(ReceiptFields):
         _check(isinstance(self.prev, str) and bool(_HEX64.fullmatch(self.prev)), "prev: a SHA-256 hex")
         _check(isinstance(self.hash, str) and bool(_HEX64.fullmatch(self.hash)), "hash: a SHA-256 hex")
 
+    @classmethod
+    def chained(cls, receipt_fields: ReceiptFields, prev: str, hash_: str) -> Receipt:
+        """The record the chain code just wrote: `receipt_fields` were validated when they were
+        built, `prev` and `hash_` are the chain's own hex digests, so nothing is checked twice."""
+        receipt = object.__new__(cls)
+        for f in fields(ReceiptFields):
+            object.__setattr__(receipt, f.name, getattr(receipt_fields, f.name))
+        object.__setattr__(receipt, "prev", prev)
+        object.__setattr__(receipt, "hash", hash_)
+        return receipt
+
     def hashed_record(self) -> dict[str, object]:
         """R of the module docstring: every present field except `hash`."""
         return {**self.record(), "prev": self.prev}
@@ -295,11 +308,12 @@ class _Checkpoint:
     hash: str
 
 
-# KEYS[1] stream, KEYS[2] head, KEYS[3] turn; ARGV[1] the prev we hashed against, ARGV[2] C,
-# ARGV[3] hash, ARGV[4] genesis, ARGV[5] this writer's id, ARGV[6] how long a turn lasts (ms).
-# Answers {1, id} when appended; {2, head} on a lost race that earned this writer the next turn;
-# {0, head} on a lost race (or while another writer's turn lasts); {-1, ""} when the head key is
-# gone while the stream still has records (appending from genesis would fork the chain).
+# KEYS[1] stream, KEYS[2] head, KEYS[3] turn; ARGV[1] the prev we hashed against, ARGV[2] genesis,
+# ARGV[3] this writer's id, ARGV[4] how long a turn lasts (ms), then ARGV[5..] pairs (C, hash) of
+# one or more records already chained to each other locally, the first one to ARGV[1].
+# Answers {1, id, id, ...} when all were appended; {2, head} on a lost race that earned this writer
+# the next turn; {0, head} on a lost race (or while another writer's turn lasts); {-1, ""} when the
+# head key is gone while the stream still has records (appending from genesis would fork the chain).
 #
 # The turn is only about liveness: a writer that keeps its own head cached would otherwise win
 # every race against writers that first have to learn the new head. The first loser takes the turn;
@@ -310,26 +324,43 @@ if not head then
   if redis.call('XLEN', KEYS[1]) ~= 0 then
     return {-1, ''}
   end
-  head = ARGV[4]
+  head = ARGV[2]
 end
 local turn = redis.call('GET', KEYS[3])
-if head == ARGV[1] and (not turn or turn == ARGV[5]) then
-  local id = redis.call('XADD', KEYS[1], '*', 'r', ARGV[2], 'h', ARGV[3])
-  redis.call('SET', KEYS[2], ARGV[3])
+if head == ARGV[1] and (not turn or turn == ARGV[3]) then
+  local out = {1}
+  local last = head
+  for i = 5, #ARGV, 2 do
+    out[#out + 1] = redis.call('XADD', KEYS[1], '*', 'r', ARGV[i], 'h', ARGV[i + 1])
+    last = ARGV[i + 1]
+  end
+  redis.call('SET', KEYS[2], last)
   if turn then
     redis.call('DEL', KEYS[3])
   end
-  return {1, id}
+  return out
 end
 if not turn then
-  redis.call('SET', KEYS[3], ARGV[5], 'PX', ARGV[6])
+  redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[4])
   return {2, head}
 end
-if turn == ARGV[5] then
+if turn == ARGV[3] then
   return {2, head}
 end
 return {0, head}
 """
+
+MAX_BATCH = 64
+
+
+_Pending = tuple[ReceiptFields, "asyncio.Future[Receipt]"]
+
+
+def _consume(future: asyncio.Future[Receipt]) -> None:
+    # A caller that timed out never awaits its future: read its exception so asyncio does not
+    # report it as never retrieved.
+    if not future.cancelled():
+        future.exception()
 
 
 def _text(value: bytes | str) -> str:
@@ -368,7 +399,9 @@ class ReceiptStore:
         self._writer_id = secrets.token_hex(8)
         self._append_script = client.register_script(_APPEND_LUA)
         self._heads: dict[str, str] = {}  # the last head seen per tenant: a guess, the script decides
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._queues: dict[str, list[_Pending]] = {}
+        self._drains: dict[str, asyncio.Task[None]] = {}
+        self._writing: set[str] = set()  # tenants whose chain a caller or a drain is writing
         self._checkpoints: dict[str, _Checkpoint] = {}
         self.races_lost = 0  # compare-and-set conflicts seen, for a metric
 
@@ -381,6 +414,8 @@ class ReceiptStore:
         return cls(client, timeout=timeout, **kwargs)  # type: ignore[arg-type]
 
     async def aclose(self) -> None:
+        for task in list(self._drains.values()):
+            task.cancel()
         await self._redis.aclose()
 
     def stream_key(self, tenant: str) -> str:
@@ -410,35 +445,113 @@ class ReceiptStore:
     # ---- append -------------------------------------------------------------------------------
 
     async def append(self, receipt_fields: ReceiptFields) -> Receipt:
-        """Chain one record onto its tenant's chain; returns it with `prev` and `hash`."""
-        tenant = receipt_fields.tenant
-        lock = self._locks.setdefault(tenant, asyncio.Lock())
-        try:
-            async with asyncio.timeout(self._timeout), lock:
-                return await self._append_locked(receipt_fields)
-        except TimeoutError as exc:
-            raise ReceiptError(f"receipt append did not finish within {self._timeout}s") from exc
-        except (RedisError, OSError) as exc:
-            raise ReceiptError(f"Redis failed: {type(exc).__name__}") from exc
+        """Chain one record onto its tenant's chain; returns it with `prev` and `hash`.
 
-    async def _append_locked(self, receipt_fields: ReceiptFields) -> Receipt:
+        Appends of one tenant queue in this process and one drain task per tenant writes them:
+        everything queued so far (up to MAX_BATCH), chained locally, in one script call. Under
+        load N waiting exchanges cost one round trip instead of N; alone, an append costs one. A
+        caller that gives up (timeout) while its record is still queued takes it out; once taken
+        into a batch in flight, the record may be written although the caller was told it failed.
+        """
         tenant = receipt_fields.tenant
+        self.stream_key(tenant)  # validates the tenant before anything is queued
+        queue = self._queues.setdefault(tenant, [])
+        if tenant not in self._writing:
+            # Nobody is writing this chain: this caller writes its own record now, and whatever
+            # queued meanwhile is handed to a drain task afterwards.
+            self._writing.add(tenant)
+            try:
+                async with asyncio.timeout(self._timeout):
+                    return (await self._append_locked(tenant, [receipt_fields]))[0]
+            except TimeoutError as exc:
+                raise ReceiptError(f"receipt append did not finish within {self._timeout}s") from exc
+            except (RedisError, OSError) as exc:
+                raise ReceiptError(f"Redis failed: {type(exc).__name__}") from exc
+            finally:
+                self._writing.discard(tenant)
+                if queue:
+                    self._start_drain(tenant)
+        item: _Pending = (receipt_fields, asyncio.get_running_loop().create_future())
+        item[1].add_done_callback(_consume)
+        queue.append(item)
+        try:
+            async with asyncio.timeout(self._timeout):
+                return await item[1]
+        except TimeoutError as exc:
+            if item in queue:
+                queue.remove(item)
+            raise ReceiptError(f"receipt append did not finish within {self._timeout}s") from exc
+
+    def _start_drain(self, tenant: str) -> None:
+        self._writing.add(tenant)
+        self._drains[tenant] = asyncio.create_task(self._drain(tenant))
+
+    async def _drain(self, tenant: str) -> None:
+        """Write the tenant's queue, batch after batch, until it is empty."""
+        queue = self._queues[tenant]
+        try:
+            while queue:
+                batch = [item for item in queue[:MAX_BATCH] if not item[1].done()]
+                del queue[:MAX_BATCH]
+                if batch:
+                    await self._append_batch(tenant, batch)
+        finally:
+            self._writing.discard(tenant)
+            self._drains.pop(tenant, None)
+
+    async def _append_batch(self, tenant: str, batch: list[_Pending]) -> None:
+        """Write `batch` in order; every future gets its Receipt or the same ReceiptError."""
+        try:
+            async with asyncio.timeout(self._timeout):
+                receipts = await self._append_locked(tenant, [fields_ for fields_, _ in batch])
+        except TimeoutError:
+            error = ReceiptError(f"receipt append did not finish within {self._timeout}s")
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(error)
+            return
+        except (RedisError, OSError) as exc:
+            error = ReceiptError(f"Redis failed: {type(exc).__name__}")
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(error)
+            return
+        except BaseException as exc:
+            error = exc if isinstance(exc, ReceiptError) else ReceiptError("receipt append interrupted")
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(error)
+            raise
+        for (_, future), receipt in zip(batch, receipts, strict=True):
+            if not future.done():
+                future.set_result(receipt)
+
+    async def _append_locked(self, tenant: str, batch: list[ReceiptFields]) -> list[Receipt]:
         keys = [self.stream_key(tenant), self.head_key(tenant), self.turn_key(tenant)]
-        record = receipt_fields.record()
+        records = [receipt_fields.record() for receipt_fields in batch]
         prev = self._heads.get(tenant, GENESIS)
         for _ in range(self._max_attempts):
-            canonical = canonical_json({**record, "prev": prev})
-            digest = _digest(prev, canonical)
-            status, value = await self._append_script(
-                keys=keys, args=[prev, canonical, digest, GENESIS, self._writer_id, self._turn_ms]
-            )
+            chained: list[tuple[str, str]] = []  # (prev, hash) of each record
+            args: list[object] = [prev, GENESIS, self._writer_id, self._turn_ms]
+            link = prev
+            for record in records:
+                canonical = canonical_json({**record, "prev": link})
+                digest = _digest(link, canonical)
+                chained.append((link, digest))
+                args += [canonical, digest]
+                link = digest
+            answer = await self._append_script(keys=keys, args=args)
+            status = answer[0]
             if status == 1:
-                self._heads[tenant] = digest
-                return Receipt(**receipt_fields.field_values(), prev=prev, hash=digest)
+                self._heads[tenant] = link
+                return [
+                    Receipt.chained(receipt_fields, p, h)
+                    for receipt_fields, (p, h) in zip(batch, chained, strict=True)
+                ]
             if status == -1:
                 raise ReceiptError("the chain head key is missing while the stream has records")
             self.races_lost += 1
-            prev = _text(value)
+            prev = _text(answer[1])
             self._heads[tenant] = prev
             if status == 0:  # another writer's turn: give it about a round trip
                 await asyncio.sleep(random.uniform(0.0001, 0.0006))

@@ -74,10 +74,13 @@ class RedisProcess:
     nothing that was acknowledged (what production should run for the receipt chains).
     """
 
-    def __init__(self, data_dir: Path, *, persistent: bool = False) -> None:
+    def __init__(
+        self, data_dir: Path, *, persistent: bool = False, extra_args: list[str] | None = None
+    ) -> None:
         self.port = free_port()
         self.data_dir = data_dir
         self.persistent = persistent
+        self.extra_args = extra_args or []
         self.process: subprocess.Popen[bytes] | None = None
         data_dir.mkdir(parents=True, exist_ok=True)
 
@@ -90,6 +93,7 @@ class RedisProcess:
         command += ["--dir", str(self.data_dir)]
         if self.persistent:
             command += ["--appendonly", "yes", "--appendfsync", "always"]
+        command += self.extra_args
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         if not wait_port("127.0.0.1", self.port, time.monotonic() + 10):
             raise RuntimeError("test Redis did not start")
