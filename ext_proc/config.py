@@ -99,6 +99,7 @@ class Settings:
     envoy_admin_port: int
     extproc_address: str
     extproc_port: int
+    metrics_port: int
     workers: int
     redis_url: str | None  # None: the stack starts an embedded Redis on 127.0.0.1:6390
     policy_dir: Path
@@ -134,6 +135,7 @@ class Settings:
             envoy_admin_port=_int(env, "ENVOY_ADMIN_PORT", 9901, low=1, high=65535),
             extproc_address=env.get("EXTPROC_ADDRESS", "127.0.0.1"),
             extproc_port=_int(env, "EXTPROC_PORT", 50051, low=1, high=65535),
+            metrics_port=_int(env, "METRICS_PORT", 9464, low=1, high=65535),
             workers=_int(env, "WORKERS", os.cpu_count() or 1, low=1, high=256),
             redis_url=env.get("REDIS_URL", "").strip() or None,
             policy_dir=Path(env.get("POLICY_DIR", "policies")),

@@ -24,6 +24,7 @@ from ext_proc.catalog import Catalog
 from ext_proc.dialects import RouteInfo, classify
 from ext_proc.egress import check_body
 from ext_proc.errors import DetectionError, Refusal, describe
+from ext_proc.metrics import Metrics
 from ext_proc.placeholders import PlaceholderMap
 from ext_proc.policy import MODE_STRICTNESS, MODES, Policy, PolicySet, less_strict_knobs
 from ext_proc.receipts import Decision, Egress, ReceiptError, ReceiptFields, ReceiptStore, ref_digest
@@ -62,7 +63,7 @@ class Runtime:
     receipts: ReceiptStore | None = None
     receipt_secret: bytes = b""
     trust_tenant_header: bool = False
-    stats: Counter[str] = field(default_factory=Counter)
+    metrics: Metrics = field(default_factory=Metrics)
 
 
 @dataclass(slots=True)
@@ -493,7 +494,7 @@ class Exchange:
     def record_gap(self, what: str, reason: str) -> None:
         """A failure forwarded anyway (failMode: open, or a refusal's receipt): logged and counted."""
         self.gap = what
-        self.runtime.stats[f"gap_{what}"] += 1
+        self.runtime.metrics.inc("cordon_gaps_total", what=what)
         tenant = self.policy.tenant if self.policy else None
         log.warning(json.dumps({"event": f"{what}_gap", "tenant": tenant, "reason": reason}))
 
@@ -528,9 +529,10 @@ class Exchange:
             receipt = await store.append(self.receipt_fields())
         except ReceiptError as exc:
             self.timings["receipt_ms"] = round((time.perf_counter() - start) * 1000, 3)
+            self.runtime.metrics.inc("cordon_redis_errors_total")
             return self.audit_failed(response, str(exc))
         self.timings["receipt_ms"] = round((time.perf_counter() - start) * 1000, 3)
-        self.runtime.stats["receipts"] += 1
+        self.runtime.metrics.inc("cordon_receipts_total")
         self.receipt_hash = receipt.hash
         if response.HasField("immediate_response"):
             envoy.add_answer_header(response, RECEIPT_HEADER, receipt.hash)
@@ -542,7 +544,6 @@ class Exchange:
             self.record_gap("audit", reason)  # the refusal stands; only its record is missing
             return response
         if self.subjects is not None or self.policy.fail_mode == "closed":
-            self.runtime.stats["gap_audit_refused"] += 1
             log.error(json.dumps({"event": "audit_failed", "tenant": self.policy.tenant, "reason": reason}))
             return self.refuse(
                 Refusal(503, "audit", "the audit record could not be written; the request was not forwarded")
@@ -577,3 +578,16 @@ class Exchange:
         if self.gap:
             record["gap"] = self.gap
         log.info(json.dumps(record, separators=(",", ":")))
+        self.count(float(record["ms"]))  # type: ignore[arg-type]
+
+    def count(self, total_ms: float) -> None:
+        metrics = self.runtime.metrics
+        dialect = self.route.dialect.name if self.route else "none"
+        metrics.inc("cordon_exchanges_total", dialect=dialect, decision=str(self.decision))
+        if self.decision == "refused":
+            metrics.inc("cordon_refusals_total", stage=str(self.stage))
+        for kind, n in self.counts.items():
+            metrics.inc("cordon_findings_total", n, kind=kind)
+        for name, ms in self.timings.items():
+            metrics.observe("cordon_phase_seconds", ms / 1000, phase=name.removesuffix("_ms"))
+        metrics.observe("cordon_phase_seconds", total_ms / 1000, phase="exchange")

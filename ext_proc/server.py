@@ -29,6 +29,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from ext_proc.config import Settings
 from ext_proc.errors import describe
 from ext_proc.exchange import Exchange, Runtime
+from ext_proc.metrics import metrics_dir, serve_metrics, write_snapshot
 from ext_proc.policy import load_policy_dir, policy_signature, reload_policy_dir
 from ext_proc.receipts import ReceiptStore
 
@@ -38,6 +39,7 @@ DRAIN_SECONDS = 20.0
 LARGE_BODY_BYTES = 256 * 1024
 SERVICE_NAME = "envoy.service.ext_proc.v3.ExternalProcessor"
 POLICY_POLL_SECONDS = 1.0
+METRICS_SECONDS = 1.0
 
 
 class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
@@ -96,7 +98,7 @@ async def watch_policies(settings: Settings, runtime: Runtime, wake: asyncio.Eve
         signature = current
         policies, errors = reload_policy_dir(settings.policy_dir, runtime.policies)
         for error in errors:
-            runtime.stats["policy_reload_errors"] += 1
+            runtime.metrics.inc("cordon_policy_reload_errors_total")
             log.error(
                 json.dumps(
                     {
@@ -109,7 +111,18 @@ async def watch_policies(settings: Settings, runtime: Runtime, wake: asyncio.Eve
             )
         if policies is not runtime.policies:
             runtime.policies = policies
+            runtime.metrics.inc("cordon_policy_reloads_total")
             log.info(json.dumps({"event": "policy_reloaded", "tenants": sorted(policies.tenants)}))
+
+
+async def publish_metrics(settings: Settings, runtime: Runtime, index: int) -> None:
+    """This worker's counters to RUN_DIR for the supervisor's /metrics, about once a second."""
+    while True:
+        try:
+            write_snapshot(runtime.metrics, settings.run_dir, index)
+        except OSError as exc:
+            log.warning(json.dumps({"event": "metrics_write_failed", "error": type(exc).__name__}))
+        await asyncio.sleep(METRICS_SECONDS)
 
 
 async def run_worker(settings: Settings, index: int) -> None:
@@ -150,6 +163,7 @@ async def run_worker(settings: Settings, index: int) -> None:
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, reload.set)
     watcher = asyncio.create_task(watch_policies(settings, runtime, reload))
+    publisher = asyncio.create_task(publish_metrics(settings, runtime, index))
     await stop.wait()
     watcher.cancel()
     with contextlib.suppress(FileNotFoundError):
@@ -157,6 +171,8 @@ async def run_worker(settings: Settings, index: int) -> None:
     for service in ("", SERVICE_NAME):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
     await server.stop(DRAIN_SECONDS)
+    publisher.cancel()
+    write_snapshot(runtime.metrics, settings.run_dir, index)
     await store.aclose()
     log.info('{"event":"worker_stopped","worker":%d}', index)
 
@@ -172,6 +188,12 @@ def serve(settings: Settings) -> int:
     settings.load_receipt_secret(create=True)  # made once here, read by every worker
     for stale in (settings.run_dir / "extproc").glob("worker-*.ready"):
         stale.unlink()
+    for stale in metrics_dir(settings.run_dir).glob("worker-*"):
+        stale.unlink()  # counters start from zero with the server
+    try:
+        metrics_server = serve_metrics(settings.run_dir, settings.extproc_address, settings.metrics_port)
+    except OSError as exc:
+        raise SystemExit(f"cannot serve metrics on port {settings.metrics_port}: {exc.strerror}") from None
     stopping = False
 
     def start(index: int) -> subprocess.Popen[bytes]:
@@ -214,4 +236,5 @@ def serve(settings: Settings) -> int:
             process.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             process.kill()
+    metrics_server.shutdown()
     return 0

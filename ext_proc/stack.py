@@ -117,6 +117,7 @@ class Stack:
             ("TLS_PORT", s.listen_address, s.tls_port),
             ("ENVOY_ADMIN_PORT", "127.0.0.1", s.envoy_admin_port),
             ("EXTPROC_PORT", s.extproc_address, s.extproc_port),
+            ("METRICS_PORT", s.extproc_address, s.metrics_port),
         ]
         if s.redis_url is None:
             wanted.append(("embedded Redis port", "127.0.0.1", DEFAULT_REDIS_PORT))
@@ -273,6 +274,7 @@ def banner(settings: Settings, *, detached: bool = False) -> str:
         f"  TLS listener     https://{host}:{settings.tls_port}   (CA: {settings.run_dir}/tls/ca.pem)",
         f"  Envoy admin      http://127.0.0.1:{settings.envoy_admin_port}",
         f"  ext_proc gRPC    {settings.extproc_address}:{settings.extproc_port} ({settings.workers} workers)",
+        f"  metrics          http://{_host(settings.extproc_address)}:{settings.metrics_port}/metrics",
         f"  logs and pids    {settings.run_dir}/logs, {settings.run_dir}/pids",
     ]
     if fake:

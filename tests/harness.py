@@ -158,6 +158,7 @@ def stack_env(
         "TLS_PORT": str(free_port()),
         "ENVOY_ADMIN_PORT": str(free_port()),
         "EXTPROC_PORT": str(free_port()),
+        "METRICS_PORT": str(free_port()),
         "WORKERS": str(workers),
         "LOG_LEVEL": "INFO",
         "ADMIN_TOKEN": ADMIN_TOKEN,

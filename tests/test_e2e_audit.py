@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -51,6 +52,17 @@ def log_events(stack: RunningStack, event: str) -> list[dict[str, object]]:
     return out
 
 
+def metric(stack: RunningStack, series: str) -> float:
+    """One series' value from the stack's Prometheus endpoint (0 when absent)."""
+    url = f"http://127.0.0.1:{stack.settings.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        text = reply.read().decode()
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
 @pytest.fixture(scope="module")
 def audited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
     """A stack whose Redis persists every write (AOF, fsync always) and may be killed."""
@@ -88,6 +100,9 @@ def test_redis_killed_and_restarted_matrix(audited: RunningStack) -> None:
         assert refused.status == 400 and "x-cordon-receipt" not in refused.headers
         wait_for(lambda: len(log_events(stack, "audit_gap")) >= 2)
         assert all(event["tenant"] in ("open", "default") for event in log_events(stack, "audit_gap"))
+        # Counted too: the supervisor's /metrics sums the workers' counters.
+        wait_for(lambda: metric(stack, 'cordon_gaps_total{what="audit"}') >= 2)
+        assert metric(stack, "cordon_redis_errors_total") >= 5
     finally:
         stack.redis.start()
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import secrets
+import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -14,7 +16,7 @@ import pytest
 
 from ext_proc.normalize import fold
 from ext_proc.subject_header import encode_subject_header
-from tests.e2e_support import PERSON, SAMPLES, SENTENCE, chat_body, request
+from tests.e2e_support import PERSON, SAMPLES, SENTENCE, chat_body, leaked, request
 from tests.fake_upstream import FakeUpstream
 from tests.harness import ADMIN_TOKEN, KEYS, RunningStack
 from tests.receipt_support import everything_in_redis, expected_ref_digest, record_for, records, verify
@@ -221,8 +223,34 @@ def test_receipts_log_names_the_hash_not_values(stack: RunningStack, upstream: F
         lines = [json.loads(line) for line in log_path.read_text().splitlines() if receipt in line]
         if lines:
             break
-        import time
-
         time.sleep(0.05)
     assert len(lines) == 1 and lines[0]["event"] == "exchange" and lines[0]["counts"]["EMAIL"] == 1
     assert "receipt_ms" in lines[0]
+
+
+def test_metrics_count_without_values(stack: RunningStack, upstream: FakeUpstream) -> None:
+    """/metrics sums both workers; labels are kinds, stages and dialects, never a value."""
+    url = f"http://127.0.0.1:{stack.settings.metrics_port}/metrics"
+
+    def scrape() -> str:
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            assert reply.headers["content-type"].startswith("text/plain")
+            return reply.read().decode()
+
+    def value(text: str, series: str) -> float:
+        return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(series + " "))
+
+    before = value(scrape(), 'cordon_findings_total{kind="EMAIL"}')
+    port = stack.settings.listen_port
+    for _ in range(4):
+        assert request(port, "POST", CHAT, chat_body(SENTENCE)).status == 200
+    assert request(port, "POST", CHAT, "not json").status == 400
+    deadline = time.monotonic() + 5
+    text = scrape()
+    while value(text, 'cordon_findings_total{kind="EMAIL"}') < before + 4 and time.monotonic() < deadline:
+        time.sleep(0.2)
+        text = scrape()
+    assert value(text, 'cordon_findings_total{kind="EMAIL"}') >= before + 4
+    assert value(text, 'cordon_refusals_total{stage="request"}') >= 1
+    assert 'cordon_phase_seconds_bucket{phase="receipt",le="+Inf"}' in text
+    assert leaked(text) == []

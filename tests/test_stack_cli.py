@@ -35,7 +35,10 @@ def stack_command(action: str, env: dict[str, str]) -> subprocess.CompletedProce
 
 
 def ports_of(env: dict[str, str]) -> list[int]:
-    return [int(env[name]) for name in ("LISTEN_PORT", "TLS_PORT", "ENVOY_ADMIN_PORT", "EXTPROC_PORT")]
+    return [
+        int(env[name])
+        for name in ("LISTEN_PORT", "TLS_PORT", "ENVOY_ADMIN_PORT", "EXTPROC_PORT", "METRICS_PORT")
+    ]
 
 
 def pid_alive(pid: int) -> bool:
