@@ -87,12 +87,15 @@ Per kind
   4.3 from 30 (random base62 scores 4.0–4.2 at 20, 4.3–4.8 at 32; identifiers and slugs
   3.5–4.2). Never flagged: UUIDs (at most 4.09 bits), identifiers made mostly of words and
   numbers (`WORD_COVERAGE_LIMIT`: PytestRemovedIn10Warning), sequences (`ABCDEFG…0123456789`),
-  ids the LLM APIs issue (`PROVIDER_ID_PREFIXES`: toolu_, msg_, chatcmpl-, …), lowercase paths;
-  in a path or URL only a long segment is judged.
+  ids the LLM APIs issue (`PROVIDER_ID_PREFIXES`: toolu_, msg_, chatcmpl-, …), lowercase paths,
+  base64 of 64+ characters that decodes to a media file's magic number (an image a tool passes
+  around: bytes, not a key); in a path or URL only a long segment is judged.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import bisect
 import functools
 import ipaddress
@@ -653,7 +656,34 @@ def is_high_entropy(token: str) -> bool:
         return False  # PytestRemovedIn10Warning, issuecomment-2106349096: words and numbers
     if token.startswith(PROVIDER_ID_PREFIXES):
         return False  # toolu_01…, msg_01…, chatcmpl-…: object ids the LLM APIs themselves issue
+    if len(token) >= MEDIA_MIN_LENGTH and is_media_base64(token):
+        return False  # an image or document as base64 (a tool's input): media bytes, not a key
     return shannon_entropy(token) >= base64_entropy_threshold(len(token))
+
+
+# Magic numbers of the media a tool may pass around as base64: PNG, JPEG, GIF, WebP/WAV (RIFF),
+# PDF, MP3 (ID3), Ogg, FLAC, MP4 (ftyp at byte 4). A credential does not decode to one of these.
+MEDIA_MIN_LENGTH = 64
+_MEDIA_MAGIC = (
+    b"\x89PNG\r\n\x1a\n",
+    b"\xff\xd8\xff",
+    b"GIF87a",
+    b"GIF89a",
+    b"RIFF",
+    b"%PDF-",
+    b"ID3",
+    b"OggS",
+    b"fLaC",
+)
+
+
+def is_media_base64(token: str) -> bool:
+    """`token` is standard base64 whose first bytes are a media file's magic number."""
+    try:
+        head = base64.b64decode(token[:24], validate=True)
+    except (binascii.Error, ValueError):
+        return False
+    return head.startswith(_MEDIA_MAGIC) or head[4:8] == b"ftyp"
 
 
 def _sequential_share(token: str) -> float:

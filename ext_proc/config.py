@@ -117,6 +117,9 @@ class Settings:
     log_level: str
     message_timeout_seconds: int
     redis_timeout_ms: int
+    ocr_workers: int
+    ocr_budget_seconds: int
+    ocr_max_images: int
     receipt_secret: str | None  # None: generated once under RUN_DIR (one host only)
 
     @classmethod
@@ -153,6 +156,9 @@ class Settings:
             log_level=env.get("LOG_LEVEL", "INFO").upper(),
             message_timeout_seconds=_int(env, "EXTPROC_MESSAGE_TIMEOUT", 60, low=1, high=300),
             redis_timeout_ms=_int(env, "REDIS_TIMEOUT_MS", 250, low=10, high=60000),
+            ocr_workers=_int(env, "OCR_WORKERS", 1, low=1, high=64),
+            ocr_budget_seconds=_int(env, "OCR_BUDGET_SECONDS", 30, low=1, high=280),
+            ocr_max_images=_int(env, "OCR_MAX_IMAGES", 16, low=1, high=256),
             receipt_secret=_secret(env, "RECEIPT_SECRET"),
         )
 

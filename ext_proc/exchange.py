@@ -13,8 +13,9 @@ import json
 import logging
 import time
 from collections import Counter
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
@@ -24,9 +25,11 @@ from ext_proc.catalog import Catalog
 from ext_proc.dialects import RouteInfo, classify
 from ext_proc.egress import check_body
 from ext_proc.errors import DetectionError, Refusal, describe
+from ext_proc.media import MediaPart
 from ext_proc.metrics import Metrics
+from ext_proc.ocr import MaskError, OcrPool, OcrTimeout
 from ext_proc.placeholders import PlaceholderMap
-from ext_proc.policy import MODE_STRICTNESS, MODES, Policy, PolicySet, less_strict_knobs
+from ext_proc.policy import MEDIA_STRICTNESS, MODE_STRICTNESS, MODES, Policy, PolicySet, less_strict_knobs
 from ext_proc.receipts import Decision, Egress, ReceiptError, ReceiptFields, ReceiptStore, ref_digest
 from ext_proc.redact import Replacement, resolve_overlaps, reversible, rewrite, strip
 from ext_proc.restore import Restorer, SseRestorer, restore_json_body
@@ -35,6 +38,8 @@ from ext_proc.subjects import CompiledSubjects, compile_subjects
 from ext_proc.walk import LeafWalker, dump_json, parse_json
 
 log = logging.getLogger("cordon.exchange")
+_T = TypeVar("_T")
+MAX_MESSAGE_TIMEOUT = 300  # the bootstrap's max_message_timeout: Envoy ignores longer overrides
 
 ROUTE_ATTRIBUTE = "xds.route_name"
 EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
@@ -45,7 +50,6 @@ RECEIPT_HEADER = "x-cordon-receipt"
 # Never forwarded: the filter's own headers, and accept-encoding so replies arrive readable.
 REMOVED_REQUEST_HEADERS = ("x-cordon-subject", "x-tenant", "x-redact-mode", "accept-encoding")
 TEXT_TYPES = ("application/json", "text/", "application/problem+json")
-MEDIA_STRICTNESS = {"allow": 0, "mask": 1, "block": 2}
 # Headers a subject request's identifiers are not looked for in: credentials (random strings that
 # could spell a short id by chance), the header itself (removed) and framing.
 UNREAD_HEADERS = frozenset({"authorization", "x-api-key", SUBJECT_HEADER, "content-length", "content-type"})
@@ -64,6 +68,7 @@ class Runtime:
     receipt_secret: bytes = b""
     trust_tenant_header: bool = False
     metrics: Metrics = field(default_factory=Metrics)
+    ocr: OcrPool | None = None  # None: media masking refuses (422)
 
 
 @dataclass(slots=True)
@@ -103,6 +108,12 @@ def api_key(headers: Headers) -> str | None:
     return bearer_token(headers) or headers.get("x-api-key") or None
 
 
+def _declared_type(part: MediaPart) -> str | None:
+    """The media type a base64 part declares beside it (Anthropic `media_type`), if any."""
+    value = part.container.get("media_type")
+    return value.strip().lower() if isinstance(value, str) else None
+
+
 @dataclass(slots=True)
 class Exchange:
     runtime: Runtime
@@ -122,6 +133,8 @@ class Exchange:
     receipt_hash: str | None = None
     sealed: bool = False
     admin_request: Headers | None = None
+    mask_parts: list[MediaPart] = field(default_factory=list)
+    pending_mask: tuple[bytes, Any] | None = None  # (raw body, parsed doc) waiting for OCR
     response_kind: str = "none"  # none | buffered | sse
     sse: SseRestorer | None = None
     started: float = field(default_factory=time.perf_counter)
@@ -132,9 +145,12 @@ class Exchange:
 
     async def process(
         self, request: pb.ProcessingRequest, *, offload: bool = False
-    ) -> pb.ProcessingResponse | None:
-        """One message from Envoy → its answer. The receipt is written here, before the request's
-        last message is answered: nothing is released upstream without its record in Redis."""
+    ) -> AsyncIterator[pb.ProcessingResponse]:
+        """One message from Envoy → its answer (preceded, while OCR runs, by a longer timeout).
+
+        The receipt is written here, before the request's last message is answered: nothing is
+        released upstream without its record in Redis.
+        """
         if offload:
             # Reading a large body takes long enough to starve the health checks and the other
             # exchanges of this worker; a thread keeps the event loop answering.
@@ -143,7 +159,7 @@ class Exchange:
             response = self.handle(request)
         if self.admin_request is not None:
             headers, self.admin_request = self.admin_request, None
-            return await admin.answer(
+            yield await admin.answer(
                 headers.get(":method") or "GET",
                 headers.get(":path") or "/",
                 bearer_token(headers),
@@ -151,11 +167,19 @@ class Exchange:
                 store=self.runtime.receipts,
                 secret=self.runtime.receipt_secret,
             )
+            return
+        if self.pending_mask is not None:
+            assert self.runtime.ocr is not None
+            # Envoy would fail the request after EXTPROC_MESSAGE_TIMEOUT: tell it to wait for
+            # the OCR budget (the pool's queue included) and a margin.
+            yield envoy.extend_timeout(min(MAX_MESSAGE_TIMEOUT, self.runtime.ocr.budget + 10))
+            response = await self.finish_masked(offload)
         if self.decision is not None and not self.sealed and response is not None:
             response = await self.seal(response)
             if self.decision == "refused":
                 self.finish_log()
-        return response
+        if response is not None:
+            yield response
 
     def handle(self, request: pb.ProcessingRequest) -> pb.ProcessingResponse | None:
         phase = request.WhichOneof("request")
@@ -308,19 +332,20 @@ class Exchange:
                     422, "egress", f"a declared identifier ({survivor}) is in a request header", kind=survivor
                 )
 
-    def on_request_body(self, body: pb.HttpBody) -> pb.ProcessingResponse:
+    def on_request_body(self, body: pb.HttpBody) -> pb.ProcessingResponse | None:
         assert self.route is not None and self.policy is not None
         start = time.perf_counter()
         try:
             if self.policy.report_only:
                 return self.report_body(bytes(body.body))
             response = self.request_body(bytes(body.body))
-            self.decision = "forwarded"
+            if self.pending_mask is None:
+                self.decision = "forwarded"
             return response
         finally:
             self.timings["redact_ms"] = round((time.perf_counter() - start) * 1000, 3)
 
-    def request_body(self, raw: bytes) -> pb.ProcessingResponse:
+    def request_body(self, raw: bytes) -> pb.ProcessingResponse | None:
         if not raw.strip():
             return envoy.request_body()
         try:
@@ -358,19 +383,49 @@ class Exchange:
             return envoy.request_body()
         return envoy.request_body(dump_json(new_doc))
 
-    def subject_body(self, raw: bytes, doc: Any) -> pb.ProcessingResponse:
-        """A request that declares subjects: redact, apply the media policy, then the egress check.
+    def subject_body(self, raw: bytes, doc: Any) -> pb.ProcessingResponse | None:
+        """A request that declares subjects: media policy, redaction, then the egress check.
 
-        Any failure refuses the request whatever failMode says (SPEC §11).
+        Any failure refuses the request whatever failMode says (SPEC §11). Images to mask leave
+        this phase pending (None): `process` runs the OCR off the event loop, then finishes.
         """
-        assert self.route is not None and self.policy is not None and self.subjects is not None
-        try:
-            self.apply_media_policy(doc)
+        self.guarded(self.apply_media_policy, doc)
+        if self.mask_parts:
+            self.pending_mask = (raw, doc)
+            return None
+        return self.subject_finish(raw, doc)
+
+    def subject_finish(self, raw: bytes, doc: Any) -> pb.ProcessingResponse:
+        assert self.route is not None and self.subjects is not None
+
+        def redact_and_check() -> tuple[bytes, bool, object]:
             new_doc, changed = self.redact_document(doc)
+            changed = changed or bool(self.mask_parts)
             body = dump_json(new_doc) if changed else raw
             check_start = time.perf_counter()
+            assert self.route is not None and self.subjects is not None
             hit = check_body(body, self.route.dialect, self.subjects, nonce=self.pmap.nonce)
             self.timings["egress_ms"] = round((time.perf_counter() - check_start) * 1000, 3)
+            return body, changed, hit
+
+        body, changed, hit = self.guarded(redact_and_check)
+        if hit is not None:
+            self.egress = "refused"
+            label = hit.label  # type: ignore[attr-defined]
+            raise Refusal(
+                422,
+                "egress",
+                f"a declared identifier ({label}) would still have left in the request body",
+                kind=label,
+            )
+        self.egress = "verified"
+        return envoy.request_body(body if changed else None)
+
+    @staticmethod
+    def guarded(step: Callable[..., _T], *args: Any) -> _T:
+        """Run a step of a subject request: anything but a Refusal becomes a 422 `detection`."""
+        try:
+            return step(*args)
         except Refusal:
             raise
         except DetectionError as exc:
@@ -378,16 +433,6 @@ class Exchange:
         except Exception as exc:
             log.error(json.dumps({"event": "subject_pipeline_failed", **describe(exc)}))
             raise Refusal(422, "detection", "detection failed; the request was refused") from None
-        if hit is not None:
-            self.egress = "refused"
-            raise Refusal(
-                422,
-                "egress",
-                f"a declared identifier ({hit.label}) would still have left in the request body",
-                kind=hit.label,
-            )
-        self.egress = "verified"
-        return envoy.request_body(body if changed else None)
 
     def apply_media_policy(self, doc: Any) -> None:
         assert self.route is not None and self.policy is not None and self.header is not None
@@ -404,9 +449,79 @@ class Exchange:
                 422, "media", f"{len(parts)} media part(s) in a request that declares subjects (media: block)"
             )
         if effective == "mask":
-            raise Refusal(
-                422, "media", "media masking by OCR is not available in this version; the request was refused"
+            self.mask_parts = self.maskable(parts)
+
+    def maskable(self, parts: list[MediaPart]) -> list[MediaPart]:
+        """Under `mask`, every part must be an image whose bytes are in the body, else 422."""
+        pool = self.runtime.ocr
+        if pool is None:
+            raise Refusal(422, "media", "media masking by OCR is not configured; the request was refused")
+        for part in parts:
+            if part.media != "image":
+                raise Refusal(
+                    422,
+                    "media",
+                    f"a {part.media} part cannot be masked (only images can be read); media: mask",
+                )
+            if not part.is_bytes:
+                raise Refusal(
+                    422,
+                    "media",
+                    f"an image given by {part.source.replace('_', ' ')} cannot be read here; media: mask",
+                )
+        if len(parts) > pool.max_images:
+            raise Refusal(422, "media", f"more than {pool.max_images} images to mask in one request")
+        return parts
+
+    async def finish_masked(self, offload: bool) -> pb.ProcessingResponse:
+        """Mask every image (OCR pool, bounded by the budget), then redact and check the rest."""
+        assert self.pending_mask is not None and self.runtime.ocr is not None
+        assert self.subjects is not None and self.policy is not None
+        raw, doc = self.pending_mask
+        self.pending_mask = None
+        pool = self.runtime.ocr
+        catalog = Catalog.for_sets(
+            self.policy.sets, skip_documentation_ips=self.policy.skip_documentation_ips
+        )
+        start = time.perf_counter()
+        subjects = self.subjects
+        assert self.header is not None
+        fuzzy = pool.fuzzy_for(self.header.digest, lambda: [form.key for form in subjects.forms()])
+        try:
+            results = await pool.mask_all(
+                [(str(part.container[part.key]), _declared_type(part)) for part in self.mask_parts],
+                [catalog.detect, subjects.detect],
+                fuzzy,
             )
+        except OcrTimeout:
+            return self.refuse(
+                Refusal(
+                    503, "media", f"OCR did not finish within its budget ({pool.budget:g}s); try again later"
+                )
+            )
+        except MaskError as exc:
+            return self.refuse(Refusal(422, "media", f"media: mask refused an image: {exc}"))
+        except Exception as exc:
+            log.error(json.dumps({"event": "ocr_failed", **describe(exc)}))
+            return self.refuse(Refusal(422, "media", "OCR failed; the request was refused"))
+        finally:
+            self.timings["ocr_ms"] = round((time.perf_counter() - start) * 1000, 3)
+        for part, (payload, result) in zip(self.mask_parts, results, strict=True):
+            part.container[part.key] = payload
+            self.timings["media_words_masked"] = (
+                self.timings.get("media_words_masked", 0) + result.masked_words
+            )
+            for seconds in result.pass_seconds:
+                self.runtime.metrics.observe("cordon_ocr_pass_seconds", seconds)
+        try:
+            if offload:
+                response = await asyncio.to_thread(self.subject_finish, raw, doc)
+            else:
+                response = self.subject_finish(raw, doc)
+        except Refusal as refusal:
+            return self.refuse(refusal)
+        self.decision = "forwarded"
+        return response
 
     def redact_document(self, doc: Any) -> tuple[Any, bool]:
         assert self.route is not None and self.policy is not None
@@ -589,5 +704,6 @@ class Exchange:
         for kind, n in self.counts.items():
             metrics.inc("cordon_findings_total", n, kind=kind)
         for name, ms in self.timings.items():
-            metrics.observe("cordon_phase_seconds", ms / 1000, phase=name.removesuffix("_ms"))
+            if name.endswith("_ms"):
+                metrics.observe("cordon_phase_seconds", ms / 1000, phase=name.removesuffix("_ms"))
         metrics.observe("cordon_phase_seconds", total_ms / 1000, phase="exchange")

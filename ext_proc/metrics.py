@@ -38,6 +38,7 @@ HELP = {
     "cordon_policy_reload_errors_total": ("counter", "Policy files that failed to reload (last good kept)."),
     "cordon_policy_reloads_total": ("counter", "Policy reloads that changed the policy set."),
     "cordon_phase_seconds": ("histogram", "Time per pipeline phase."),
+    "cordon_ocr_pass_seconds": ("histogram", "Time of one tesseract pass over one image."),
 }
 
 Labels = tuple[tuple[str, str], ...]

@@ -30,6 +30,7 @@ from ext_proc.config import Settings
 from ext_proc.errors import describe
 from ext_proc.exchange import Exchange, Runtime
 from ext_proc.metrics import metrics_dir, serve_metrics, write_snapshot
+from ext_proc.ocr import OcrPool
 from ext_proc.policy import load_policy_dir, policy_signature, reload_policy_dir
 from ext_proc.receipts import ReceiptStore
 
@@ -53,15 +54,16 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
         try:
             async for request in request_iterator:
                 try:
-                    response = await exchange.process(request, offload=_body_size(request) > LARGE_BODY_BYTES)
+                    async for response in exchange.process(
+                        request, offload=_body_size(request) > LARGE_BODY_BYTES
+                    ):
+                        yield response
                 except Exception as exc:
                     # The stream ends with a gRPC error; Envoy, with failure_mode_allow false,
                     # answers 500 (or resets a reply stream): nothing unprocessed goes through. The
                     # log names the error's type and place only: a message can quote the body.
                     log.error(json.dumps({"event": "exchange_failed", **describe(exc)}))
                     await context.abort(grpc.StatusCode.INTERNAL, "processing failed")
-                if response is not None:
-                    yield response
         finally:
             exchange.close()
 
@@ -133,6 +135,7 @@ async def run_worker(settings: Settings, index: int) -> None:
         receipts=store,
         receipt_secret=settings.load_receipt_secret(),
         trust_tenant_header=settings.trust_tenant_header,
+        ocr=OcrPool(settings.ocr_workers, settings.ocr_budget_seconds, settings.ocr_max_images),
     )
     limit = settings.grpc_message_limit
     server = grpc.aio.server(
@@ -174,6 +177,8 @@ async def run_worker(settings: Settings, index: int) -> None:
     publisher.cancel()
     write_snapshot(runtime.metrics, settings.run_dir, index)
     await store.aclose()
+    if runtime.ocr is not None:
+        runtime.ocr.shutdown()
     log.info('{"event":"worker_stopped","worker":%d}', index)
 
 

@@ -33,6 +33,7 @@ KEYS = {
     "report": "sk-test-tenant-report-only",
     "override": "sk-test-tenant-header-override",
     "chain": "sk-test-tenant-chain",
+    "mask-media": "sk-test-tenant-mask-media",
 }
 # Test-only secrets (the stack reads them from the environment like a deployment would).
 ADMIN_TOKEN = "test-admin-token-0123456789abcdef"
@@ -61,6 +62,7 @@ def write_policies(directory: Path) -> None:
         "report": "reportOnly: true",
         "override": "allowHeaderOverride: true",
         "chain": "mode: reversible",
+        "mask-media": "subjectMedia: mask",
     }
     for name, knob in tenants.items():
         digest = hash_api_key(KEYS[name])

@@ -1,0 +1,391 @@
+"""Masking identifiers in images by OCR (SPEC §7, `media: mask`).
+
+One image, start to finish, synchronously (the exchange runs this in a bounded thread pool, and
+tesseract itself runs as a child process, so the event loop never waits on it):
+
+1. **Decode** the payload (strict base64) and open it with Pillow: PNG, JPEG, WebP or GIF only,
+   at most MAX_IMAGE_BYTES and MAX_PIXELS (checked from the header, before any pixel is
+   decoded: a decompression bomb is refused, not inflated), one frame only (the other frames of
+   an animation would go out unread). A declared type (data: URL, Anthropic `media_type`) must
+   match what the bytes are.
+2. **Read** it with tesseract (`image_to_data`: words with boxes). The image is read as grayscale,
+   inverted when it is dark (tesseract reads dark text on light ground best) and enlarged when
+   small; boxes are mapped back to the original pixels.
+3. **Find**: the recognised words are joined into lines (their offsets kept), the catalog and the
+   declared-subject matchers run over the text, and every word a finding overlaps is marked. The
+   subject matchers ignore separators, so an identifier split into several words by OCR still
+   matches; any word within a small edit distance of a declared identifier's letters and digits
+   is marked too (OCR misreads one character more often than it drops a word).
+4. **Paint** each marked word's box, with a margin, in solid black; re-encode in the image's own
+   format from the pixels alone (no EXIF, no text chunks, no ICC profile).
+5. **Read again** what will be sent. Anything found: paint it and read again, at most two rounds
+   in all; still something → refused. An image where the first reading finds nothing is sent as
+   re-encoded (its pixels are the ones read) after one pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import io
+import os
+import time
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
+
+import pytesseract
+import regex
+from PIL import Image, ImageDraw, ImageOps, UnidentifiedImageError
+
+from ext_proc.findings import Finding
+from ext_proc.normalize import fold
+
+# tesseract's OpenMP threads fight each other on a small machine: one thread per pass is ~3x
+# faster here (NOTES.md); parallelism comes from the pool, one image per thread.
+os.environ.setdefault("OMP_THREAD_LIMIT", "1")
+
+FORMATS = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp", "GIF": "image/gif"}
+MIME_ALIASES = {"image/jpg": "image/jpeg", "image/pjpeg": "image/jpeg"}
+MAX_IMAGE_BYTES = 20 * 1024 * 1024
+MAX_PIXELS = 40_000_000
+MAX_ROUNDS = 2
+MARGIN = 3  # px painted around each word box
+SMALL_SIDE = 700  # images whose shorter side is below this are read at 2x
+
+
+class MaskError(Exception):
+    """The image cannot be masked with confidence; the message names why, never a value."""
+
+
+class OcrTimeout(MaskError):
+    """The OCR budget ran out (a busy pool, a huge image): retryable, unlike a bad image."""
+
+
+@dataclass(frozen=True, slots=True)
+class Word:
+    text: str
+    box: tuple[int, int, int, int]  # left, top, right, bottom in the original image's pixels
+    line: tuple[int, int, int]  # tesseract's block, paragraph, line
+
+
+@dataclass(slots=True)
+class MaskResult:
+    payload: bytes  # the re-encoded, masked image
+    mime: str
+    masked_words: int = 0
+    passes: int = 0
+    ocr_seconds: float = 0.0
+    pass_seconds: list[float] = field(default_factory=list)
+
+
+Detector = Callable[[str], Sequence[Finding]]
+
+
+def tesseract_command() -> str:
+    """The wheel's tesseract (its wrapper sets TESSDATA_PREFIX), else one on PATH."""
+    import shutil
+    import sys
+    from pathlib import Path
+
+    beside = Path(sys.executable).parent / "tesseract"
+    if beside.exists():
+        return str(beside)
+    return shutil.which("tesseract") or "tesseract"
+
+
+pytesseract.pytesseract.tesseract_cmd = tesseract_command()
+
+
+# --- decode / encode --------------------------------------------------------------------------
+
+
+def decode_payload(payload: str) -> tuple[bytes, str | None, str]:
+    """(bytes, declared mime or None, prefix to write back) of a base64 string or data: URL."""
+    prefix = ""
+    declared: str | None = None
+    text = payload
+    if text[:5].lower() == "data:":
+        head, comma, rest = text.partition(",")
+        if not comma or not head.lower().endswith(";base64"):
+            raise MaskError("an image data: URL must be base64")
+        prefix = head + ","
+        declared = head[5:].split(";", 1)[0].strip().lower()
+        text = rest
+    compact = "".join(text.split())
+    if len(compact) > (MAX_IMAGE_BYTES * 4) // 3 + 4:
+        raise MaskError(f"an image is larger than {MAX_IMAGE_BYTES // (1024 * 1024)} MB")
+    try:
+        data = base64.b64decode(compact, validate=True)
+    except (binascii.Error, ValueError):
+        raise MaskError("an image is not valid base64") from None
+    return data, declared, prefix
+
+
+def open_image(data: bytes, declared: str | None) -> tuple[Image.Image, str]:
+    """The decoded single-frame image and its format, within the size and pixel caps."""
+    if len(data) > MAX_IMAGE_BYTES:
+        raise MaskError(f"an image is larger than {MAX_IMAGE_BYTES // (1024 * 1024)} MB")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # our own cap is below
+            image = Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError:
+        raise MaskError(f"an image has more than {MAX_PIXELS} pixels") from None
+    except (UnidentifiedImageError, OSError, ValueError):
+        raise MaskError("an image could not be decoded") from None
+    fmt = image.format or ""
+    if fmt not in FORMATS:
+        raise MaskError("only PNG, JPEG, WebP and GIF images can be masked")
+    if declared is not None and MIME_ALIASES.get(declared, declared) != FORMATS[fmt]:
+        raise MaskError("an image's declared media type does not match its bytes")
+    width, height = image.size
+    if width * height > MAX_PIXELS or width <= 0 or height <= 0:
+        raise MaskError(f"an image has more than {MAX_PIXELS} pixels")
+    if getattr(image, "n_frames", 1) != 1:
+        raise MaskError("animated images cannot be masked (only one frame would be read)")
+    try:
+        image.load()
+    except (OSError, ValueError, Image.DecompressionBombError):
+        raise MaskError("an image could not be decoded") from None
+    return image, fmt
+
+
+def encode_image(image: Image.Image, fmt: str) -> bytes:
+    """The pixels alone, in `fmt`: no EXIF, no text chunks, no ICC profile, no comments."""
+    out = io.BytesIO()
+    if fmt == "JPEG":
+        clean = image.convert("RGB") if image.mode not in ("RGB", "L") else image.copy()
+        clean.info = {}
+        clean.save(out, "JPEG", quality=92, exif=b"", icc_profile=None)
+    elif fmt == "PNG":
+        clean = image.copy()
+        clean.info = {}
+        clean.save(out, "PNG", optimize=False)
+    elif fmt == "WEBP":
+        clean = image.convert("RGBA") if image.mode not in ("RGB", "RGBA") else image.copy()
+        clean.info = {}
+        clean.save(out, "WEBP", lossless=True, exif=b"", icc_profile=None)
+    else:  # GIF
+        clean = image.copy()
+        clean.info = {}
+        clean.save(out, "GIF")
+    return out.getvalue()
+
+
+# --- read -------------------------------------------------------------------------------------
+
+
+def read_words(image: Image.Image, *, timeout: float) -> list[Word]:
+    """One tesseract pass: the recognised words with their boxes in `image`'s pixels."""
+    gray = ImageOps.grayscale(image.convert("RGBA").convert("RGB")) if image.mode != "L" else image
+    if sum(gray.histogram()[:96]) > gray.width * gray.height / 2:
+        gray = ImageOps.invert(gray)  # mostly dark: light text on dark ground
+    scale = 2 if min(gray.size) < SMALL_SIDE else 1
+    if scale != 1:
+        gray = gray.resize((gray.width * scale, gray.height * scale), Image.Resampling.LANCZOS)
+    try:
+        data = pytesseract.image_to_data(
+            gray, output_type=pytesseract.Output.DICT, timeout=max(1.0, timeout), nice=5
+        )
+    except RuntimeError:  # pytesseract's timeout
+        raise OcrTimeout("OCR did not finish within the budget") from None
+    except pytesseract.TesseractError:
+        raise MaskError("OCR failed on an image") from None
+    words: list[Word] = []
+    for i, text in enumerate(data["text"]):
+        if not text or not text.strip():
+            continue
+        left, top = data["left"][i] // scale, data["top"][i] // scale
+        right = (data["left"][i] + data["width"][i] + scale - 1) // scale
+        bottom = (data["top"][i] + data["height"][i] + scale - 1) // scale
+        line = (data["block_num"][i], data["par_num"][i], data["line_num"][i])
+        words.append(Word(text.strip(), (left, top, right, bottom), line))
+    return words
+
+
+# --- find -------------------------------------------------------------------------------------
+
+
+def lines_text(words: Sequence[Word]) -> tuple[str, list[tuple[int, int, int]]]:
+    """The words as text, one OCR line per text line, and each word's (start, end, index)."""
+    pieces: list[str] = []
+    spans: list[tuple[int, int, int]] = []
+    position = 0
+    previous: tuple[int, int, int] | None = None
+    for index, word in enumerate(words):
+        if previous is not None:
+            sep = " " if word.line == previous else "\n"
+            pieces.append(sep)
+            position += 1
+        pieces.append(word.text)
+        spans.append((position, position + len(word.text), index))
+        position += len(word.text)
+        previous = word.line
+    return "".join(pieces), spans
+
+
+def _core(text: str) -> str:
+    return "".join(c for c in fold(text) if c.isalnum())
+
+
+def fuzzy_pattern(keys: Sequence[str]) -> regex.Pattern[str] | None:
+    """One fuzzy pattern over the letters-and-digits cores of declared identifiers (6+ chars):
+    one edit allowed, two from 12 characters on."""
+    usable = sorted({k for k in keys if len(k) >= 6}, key=len, reverse=True)
+    if not usable:
+        return None
+    parts = [f"(?:{regex.escape(k)}){{e<={2 if len(k) >= 12 else 1}}}" for k in usable]
+    return regex.compile("(?:" + "|".join(parts) + ")")
+
+
+def find_words(
+    words: Sequence[Word], detectors: Sequence[Detector], fuzzy: regex.Pattern[str] | None
+) -> set[int]:
+    """Indices of the words that are (part of) an identifier or a catalog entity."""
+    if not words:
+        return set()
+    text, spans = lines_text(words)
+    marked: set[int] = set()
+    for detect in detectors:
+        for finding in detect(text):
+            marked.update(i for start, end, i in spans if start < finding.end and finding.start < end)
+    if fuzzy is not None:
+        # Per line, on the letters and digits only, so a misread inside a split identifier is
+        # still near the declared form; each hit marks every word it touches.
+        by_line: dict[tuple[int, int, int], list[int]] = {}
+        for index, word in enumerate(words):
+            by_line.setdefault(word.line, []).append(index)
+        for indices in by_line.values():
+            cores = [_core(words[i].text) for i in indices]
+            joined = "".join(cores)
+            owner: list[int] = [i for i, core in zip(indices, cores, strict=True) for _ in core]
+            for match in fuzzy.finditer(joined, timeout=1.0):
+                # A word counts when the match covers at least half of its letters and digits:
+                # an edit at the match's edge must not take the neighbouring label with it.
+                covered: dict[int, int] = {}
+                for i in owner[match.start() : match.end()]:
+                    covered[i] = covered.get(i, 0) + 1
+                marked.update(i for i, n in covered.items() if 2 * n >= len(_core(words[i].text)))
+    return marked
+
+
+# --- mask -------------------------------------------------------------------------------------
+
+
+def paint(image: Image.Image, words: Sequence[Word], indices: set[int]) -> Image.Image:
+    """A copy of `image` with each marked word's box (plus a margin) in solid black."""
+    painted = image.convert("RGBA") if image.mode in ("P", "PA", "LA", "1") else image.copy()
+    bands = len(painted.getbands())
+    fill: int | tuple[int, ...] = 0 if bands == 1 else (0, 0, 0, 255)[:bands]
+    draw = ImageDraw.Draw(painted)
+    for i in indices:
+        left, top, right, bottom = words[i].box
+        draw.rectangle(
+            (max(0, left - MARGIN), max(0, top - MARGIN), right + MARGIN, bottom + MARGIN), fill=fill
+        )
+    return painted
+
+
+def mask_image(
+    payload: str,
+    detectors: Sequence[Detector],
+    fuzzy: regex.Pattern[str] | None,
+    *,
+    declared: str | None = None,
+    deadline: float,
+) -> tuple[str, MaskResult]:
+    """The payload string (same form: bare base64 or the same data: URL prefix) with every
+    identifier painted over, after a clean re-reading; MaskError otherwise."""
+    data, url_type, prefix = decode_payload(payload)
+    image, fmt = open_image(data, url_type or declared)
+    result = MaskResult(b"", FORMATS[fmt])
+
+    def read(img: Image.Image) -> list[Word]:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise OcrTimeout("OCR did not finish within the budget")
+        start = time.perf_counter()
+        found = read_words(img, timeout=remaining)
+        spent = time.perf_counter() - start
+        result.passes += 1
+        result.pass_seconds.append(spent)
+        result.ocr_seconds += spent
+        return found
+
+    words = read(image)
+    marked = find_words(words, detectors, fuzzy)
+    encoded = encode_image(image, fmt) if not marked else b""
+    rounds = 0
+    while marked:
+        if rounds == MAX_ROUNDS:
+            raise MaskError(f"identifiers were still legible after {MAX_ROUNDS} rounds of masking")
+        rounds += 1
+        result.masked_words += len(marked)
+        image = paint(image, words, marked)
+        encoded = encode_image(image, fmt)
+        image, _ = open_image(encoded, None)  # read exactly what would be sent
+        words = read(image)
+        marked = find_words(words, detectors, fuzzy)
+    result.payload = encoded
+    text = base64.b64encode(encoded).decode("ascii")
+    return (prefix + text if prefix else text), result
+
+
+class OcrPool:
+    """The worker's bounded OCR pool: `workers` images at a time, a budget per request.
+
+    Threads suffice: tesseract is a child process and Pillow releases the GIL while decoding and
+    encoding. A request's images wait in the pool's queue like anyone's, and the wait counts
+    against its budget: a busy pool refuses (503) rather than hangs.
+    """
+
+    def __init__(self, workers: int, budget: float, max_images: int) -> None:
+        self.workers = workers
+        self.budget = budget
+        self.max_images = max_images
+        self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ocr")
+        self._fuzzy: OrderedDict[str, regex.Pattern[str] | None] = OrderedDict()
+
+    def fuzzy_for(self, digest: str, keys: Callable[[], Sequence[str]]) -> regex.Pattern[str] | None:
+        """The fuzzy pattern of one subject header, compiled once (LRU by the header's digest)."""
+        if digest in self._fuzzy:
+            self._fuzzy.move_to_end(digest)
+            return self._fuzzy[digest]
+        pattern = fuzzy_pattern(keys())
+        self._fuzzy[digest] = pattern
+        if len(self._fuzzy) > 256:
+            self._fuzzy.popitem(last=False)
+        return pattern
+
+    async def mask_all(
+        self,
+        items: Sequence[tuple[str, str | None]],
+        detectors: Sequence[Detector],
+        fuzzy: regex.Pattern[str] | None,
+    ) -> list[tuple[str, MaskResult]]:
+        """Mask every (payload, declared type) in the pool; raises MaskError or OcrTimeout."""
+        deadline = time.monotonic() + self.budget
+        loop = asyncio.get_running_loop()
+        futures = [
+            loop.run_in_executor(
+                self.executor,
+                partial(mask_image, payload, detectors, fuzzy, declared=declared, deadline=deadline),
+            )
+            for payload, declared in items
+        ]
+        try:
+            async with asyncio.timeout(self.budget):
+                return list(await asyncio.gather(*futures))
+        except TimeoutError:
+            raise OcrTimeout("OCR did not finish within the budget") from None
+        finally:
+            for future in futures:
+                future.cancel()  # those still queued never start; running ones stop at `deadline`
+
+    def shutdown(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,91 @@
+"""Screenshots rendered with Pillow for the OCR tests: an invented person's details among ordinary
+words, in several fonts, sizes, colours and formats. Never a real person's data."""
+
+from __future__ import annotations
+
+import base64
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+from PIL import Image, ImageDraw, ImageFont
+
+from ext_proc.normalize import fold
+from tests.e2e_support import PERSON, SAMPLES
+
+# What must not be legible after masking (cores: letters and digits, folded) and what must be.
+LINES = [
+    f"Customer: {PERSON['names'][0]}",
+    f"Email: {PERSON['emails'][0]}  Phone: {PERSON['phones'][0]}",
+    f"Card {SAMPLES['CREDIT_CARD']} on file",
+    "Ticket about the delayed parcel in Denver",
+    "Please answer before Friday",
+]
+SECRET_CORES = ["marisol", "quintero", "vance", "mqexample", "4045550187", "4111111111111111"]
+ORDINARY = ["ticket", "delayed", "parcel", "denver", "please", "answer", "friday"]
+
+DEJAVU = Path("/usr/share/fonts/truetype/dejavu")
+
+
+@dataclass(frozen=True)
+class Style:
+    name: str
+    font: str | None  # a TrueType file, or None for Pillow's bundled font
+    size: int
+    background: str
+    foreground: str
+    fmt: str = "PNG"
+
+
+def styles() -> list[Style]:
+    """Pillow's bundled font at three sizes, light and dark, PNG/JPEG/WebP; DejaVu when present."""
+    out = [
+        Style("bundled-20-light-png", None, 20, "white", "black"),
+        Style("bundled-28-grey-jpeg", None, 28, "#f4f4f4", "#303030", "JPEG"),
+        Style("bundled-18-dark-png", None, 18, "#1e1e1e", "#e0e0e0"),
+        Style("bundled-24-blue-webp", None, 24, "#eef3fb", "#1a2b4c", "WEBP"),
+    ]
+    for file, name in (("DejaVuSans.ttf", "dejavu-sans"), ("DejaVuSerif.ttf", "dejavu-serif")):
+        if (DEJAVU / file).exists():
+            out.append(Style(f"{name}-22-light-png", str(DEJAVU / file), 22, "white", "#111"))
+    return out
+
+
+def render(style: Style, lines: list[str] | None = None) -> Image.Image:
+    lines = LINES if lines is None else lines
+    if style.font is None:
+        font: ImageFont.FreeTypeFont | ImageFont.ImageFont = ImageFont.load_default(size=style.size)
+    else:
+        font = ImageFont.truetype(style.font, style.size)
+    step = int(style.size * 1.8)
+    image = Image.new(
+        "RGB", (40 + int(style.size * 0.62 * max(map(len, lines))), 40 + step * len(lines)), style.background
+    )
+    draw = ImageDraw.Draw(image)
+    for i, line in enumerate(lines):
+        draw.text((20, 20 + i * step), line, font=font, fill=style.foreground)
+    return image
+
+
+def encode(image: Image.Image, fmt: str, **save: object) -> bytes:
+    out = io.BytesIO()
+    image.save(out, fmt, **save)
+    return out.getvalue()
+
+
+def data_url(data: bytes, mime: str) -> str:
+    return f"data:{mime};base64," + base64.b64encode(data).decode("ascii")
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def cores_of(words: list[str]) -> str:
+    return "".join(c for c in fold(" ".join(words)) if c.isalnum())
+
+
+def legible(words: list[str]) -> tuple[list[str], list[str]]:
+    """(secret cores still legible, ordinary words still legible) in a reading's words."""
+    text = cores_of(words)
+    return [c for c in SECRET_CORES if c in text], [w for w in ORDINARY if w in text]

@@ -1,0 +1,152 @@
+"""OCR masking with real tesseract on screenshots rendered here (ext_proc.ocr)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import time
+
+import pytest
+from PIL import Image, PngImagePlugin
+
+from ext_proc import ocr
+from ext_proc.catalog import Catalog
+from ext_proc.subject_header import encode_subject_header, parse_subject_header
+from ext_proc.subjects import compile_subjects
+from tests.e2e_support import PERSON
+from tests.screenshots import Style, b64, data_url, encode, legible, render, styles
+
+HEADER = parse_subject_header(encode_subject_header({"subjects": [PERSON]}))
+SUBJECTS = compile_subjects(HEADER)
+CATALOG = Catalog.for_sets(("pii", "pci", "secrets"))
+DETECTORS = [CATALOG.detect, SUBJECTS.detect]
+FUZZY = ocr.fuzzy_pattern([form.key for form in SUBJECTS.forms()])
+
+
+def mask(payload: str, declared: str | None = None) -> tuple[str, ocr.MaskResult]:
+    return ocr.mask_image(payload, DETECTORS, FUZZY, declared=declared, deadline=time.monotonic() + 60)
+
+
+def read(payload: str) -> list[str]:
+    data, _, _ = ocr.decode_payload(payload)
+    image, _ = ocr.open_image(data, None)
+    return [word.text for word in ocr.read_words(image, timeout=60)]
+
+
+@pytest.mark.parametrize("style", styles(), ids=lambda s: s.name)
+def test_identifiers_are_painted_over_and_ordinary_words_stay(style: Style) -> None:
+    original = encode(render(style), style.fmt)
+    mime = ocr.FORMATS[style.fmt]
+    secrets_before, _ = legible(read(data_url(original, mime)))
+    assert secrets_before, "the rendered screenshot must be legible to begin with"
+    masked, result = mask(data_url(original, mime))
+    assert masked.startswith(f"data:{mime};base64,")
+    assert result.masked_words >= 6 and 2 <= result.passes <= 3
+    secrets_after, ordinary_after = legible(read(masked))
+    assert secrets_after == []
+    assert len(ordinary_after) >= 5, ordinary_after  # the rest of the screenshot is still there
+    data, _, _ = ocr.decode_payload(masked)
+    assert Image.open(io.BytesIO(data)).format == style.fmt
+
+
+def test_bare_base64_with_a_declared_type_keeps_its_form() -> None:
+    original = encode(render(styles()[0]), "PNG")
+    masked, _ = mask(b64(original), declared="image/png")
+    assert not masked.startswith("data:")
+    assert legible(read(masked))[0] == []
+
+
+def test_an_image_without_findings_is_read_once() -> None:
+    clean = encode(render(styles()[0], ["Ticket about the delayed parcel in Denver"]), "PNG")
+    masked, result = mask(data_url(clean, "image/png"))
+    assert result.passes == 1 and result.masked_words == 0
+    assert legible(read(masked))[1] == ["ticket", "delayed", "parcel", "denver"]
+
+
+def test_metadata_is_stripped() -> None:
+    image = render(styles()[0])
+    info = PngImagePlugin.PngInfo()
+    info.add_text("Comment", "Marisol Quintero-Vance")
+    png = encode(image, "PNG", pnginfo=info)
+    exif = Image.Exif()
+    exif[0x010E] = "Marisol Quintero-Vance"  # ImageDescription
+    jpeg = encode(image, "JPEG", exif=exif.tobytes())
+    for data, mime in ((png, "image/png"), (jpeg, "image/jpeg")):
+        masked, _ = mask(data_url(data, mime))
+        out = base64.b64decode(masked.split(",", 1)[1])
+        assert b"Marisol" not in out and b"Quintero" not in out
+        reopened = Image.open(io.BytesIO(out))
+        assert not reopened.info.get("Comment") and not reopened.getexif()
+
+
+@pytest.mark.parametrize(
+    ("payload", "declared", "reason"),
+    [
+        ("data:image/png;base64,not*base64", None, "not valid base64"),
+        ("data:image/png,plainbytes", None, "must be base64"),
+        (b64(b"GIF89a but not really"), None, "could not be decoded"),
+        (b64(encode(Image.new("RGB", (40, 20), "white"), "BMP")), None, "only PNG, JPEG, WebP and GIF"),
+        (data_url(encode(Image.new("RGB", (40, 20), "white"), "PNG"), "image/jpeg"), None, "does not match"),
+        (b64(encode(Image.new("RGB", (40, 20), "white"), "PNG")), "image/webp", "does not match"),
+    ],
+)
+def test_unreadable_images_are_refused(payload: str, declared: str | None, reason: str) -> None:
+    with pytest.raises(ocr.MaskError, match=reason):
+        mask(payload, declared)
+
+
+def test_a_decompression_bomb_is_refused_before_decoding() -> None:
+    """A PNG whose header claims 60,000 × 60,000 pixels: refused from the header alone."""
+    small = encode(Image.new("L", (1, 1), 255), "PNG")
+    # Rewrite the IHDR width/height (bytes 16..24) and its CRC.
+    import struct
+    import zlib
+
+    ihdr = b"IHDR" + struct.pack(">II", 60000, 60000) + small[24:29]
+    bomb = small[:8] + struct.pack(">I", 13) + ihdr + struct.pack(">I", zlib.crc32(ihdr)) + small[33:]
+    start = time.perf_counter()
+    with pytest.raises(ocr.MaskError, match="pixels"):
+        mask(data_url(bomb, "image/png"))
+    assert time.perf_counter() - start < 2
+
+
+def test_an_animated_gif_is_refused() -> None:
+    frames = [render(styles()[0], [text]) for text in ("first frame", "second frame")]
+    out = io.BytesIO()
+    frames[0].save(out, "GIF", save_all=True, append_images=frames[1:])
+    with pytest.raises(ocr.MaskError, match="animated"):
+        mask(data_url(out.getvalue(), "image/gif"))
+
+
+def test_a_single_frame_gif_is_masked() -> None:
+    gif = encode(render(styles()[0]).convert("P"), "GIF")
+    masked, _ = mask(data_url(gif, "image/gif"))
+    assert legible(read(masked))[0] == []
+
+
+def test_the_budget_bounds_a_pass() -> None:
+    with pytest.raises(ocr.OcrTimeout):
+        ocr.mask_image(
+            data_url(encode(render(styles()[0]), "PNG"), "image/png"),
+            DETECTORS,
+            FUZZY,
+            deadline=time.monotonic() - 1,
+        )
+
+
+def test_fuzzy_marks_a_misread_identifier_but_not_its_label() -> None:
+    words = [
+        ocr.Word("Customer:", (0, 0, 10, 10), (1, 1, 1)),
+        ocr.Word("Marlsol", (12, 0, 20, 10), (1, 1, 1)),  # one character misread
+        ocr.Word("Quintero-Vanee", (22, 0, 40, 10), (1, 1, 1)),
+        ocr.Word("Denver", (0, 12, 10, 20), (1, 1, 2)),
+    ]
+    assert ocr.find_words(words, [], FUZZY) == {1, 2}
+
+
+def test_an_identifier_split_across_words_is_found() -> None:
+    words = [
+        ocr.Word(text, (i * 10, 0, i * 10 + 8, 10), (1, 1, 1))
+        for i, text in enumerate(["call", "404", "555-", "0187", "now"])
+    ]
+    assert ocr.find_words(words, DETECTORS, None) == {1, 2, 3}
