@@ -104,8 +104,10 @@ def bearer_token(headers: Headers) -> str | None:
     return None
 
 
-def api_key(headers: Headers) -> str | None:
-    return bearer_token(headers) or headers.get("x-api-key") or None
+def api_keys(headers: Headers) -> list[str]:
+    """The credentials a request carries: the bearer token and `x-api-key` (either, both)."""
+    keys = [bearer_token(headers), (headers.get("x-api-key") or "").strip() or None]
+    return [key for key in keys if key]
 
 
 def _declared_type(part: MediaPart) -> str | None:
@@ -248,7 +250,14 @@ class Exchange:
         """The key's tenant; then `X-Tenant` (when trusted, towards a tenant at least as strict);
         then `X-Redact-Mode` (when the tenant allows it, only tighter)."""
         policies = self.runtime.policies
-        base = policies.for_api_key(api_key(headers))
+        selected = [policies.for_api_key(key) for key in api_keys(headers)]
+        if len({policy.tenant for policy in selected}) > 1:
+            # Which one the provider authenticates with is its business; which tenant's policy
+            # applies is ours, and a junk token beside a real key must not pick the lenient one.
+            raise Refusal(
+                400, "request", "Authorization and x-api-key select different tenants; send one key"
+            )
+        base = selected[0] if selected else policies.default
         self.policy = base
         wanted = headers.get(TENANT_HEADER)
         if wanted is not None and self.runtime.trust_tenant_header:

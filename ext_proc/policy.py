@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import operator
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -227,7 +228,9 @@ def _policy_files(directory: str | Path) -> list[Path]:
     root = Path(directory)
     if not root.is_dir():
         raise PolicyError(root, "(directory)", "does not exist or is not a directory")
-    return sorted([*root.glob("*.yaml"), *root.glob("*.yml")])
+    # Dotfiles are editors' (`.#acme.yaml` lock links, swap files) or ConfigMap internals.
+    files = [*root.glob("*.yaml"), *root.glob("*.yml")]
+    return sorted(path for path in files if not path.name.startswith("."))
 
 
 def _policy_set(root: Path, policies: Iterable[Policy]) -> PolicySet:
@@ -390,3 +393,46 @@ def less_strict_knobs(target: Policy, base: Policy) -> list[str]:
         for knob in _STRICTNESS
         if not knob.at_least_as_strict(getattr(target, knob.attr), getattr(base, knob.attr))
     ]
+
+
+# --- the last good set, for a worker restarted while a file is broken -------------------------
+
+_SNAPSHOT_VERSION = 1
+
+
+def dump_policy_set(policies: PolicySet) -> str:
+    """The whole set as JSON (key digests only, as in the files): what a restarted worker loads
+    when the directory no longer loads strictly."""
+    out = []
+    for policy in policies.tenants.values():
+        record: dict[str, object] = {}
+        for name in Policy.__dataclass_fields__:
+            value = getattr(policy, name)
+            record[name] = (
+                sorted(value)
+                if isinstance(value, frozenset)
+                else list(value)
+                if isinstance(value, tuple)
+                else value
+            )
+        out.append(record)
+    return json.dumps({"version": _SNAPSHOT_VERSION, "tenants": out}, sort_keys=True)
+
+
+def load_policy_snapshot(text: str) -> PolicySet:
+    """The inverse of `dump_policy_set`; ValueError when it is not one."""
+    data = json.loads(text)
+    if not isinstance(data, dict) or data.get("version") != _SNAPSHOT_VERSION:
+        raise ValueError("not a policy snapshot of this version")
+    policies = []
+    for record in data["tenants"]:
+        values = dict(record)
+        for name in ("api_keys", "upstreams"):
+            values[name] = frozenset(values[name])
+        values["sets"] = tuple(values["sets"])
+        policies.append(Policy(**values))
+    by_key = {digest: policy for policy in policies for digest in policy.api_keys}
+    tenants = {policy.tenant: policy for policy in policies}
+    if DEFAULT_TENANT not in tenants:
+        raise ValueError("a policy snapshot without the default tenant")
+    return PolicySet(tenants=tenants, by_key=by_key)

@@ -64,6 +64,7 @@ import random
 import re
 import secrets
 import sys
+import time
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
@@ -309,16 +310,22 @@ class _Checkpoint:
 
 
 # KEYS[1] stream, KEYS[2] head, KEYS[3] turn; ARGV[1] the prev we hashed against, ARGV[2] genesis,
-# ARGV[3] this writer's id, ARGV[4] how long a turn lasts (ms), then ARGV[5..] pairs (C, hash) of
-# one or more records already chained to each other locally, the first one to ARGV[1].
+# ARGV[3] this writer's id, ARGV[4] how long a turn lasts (ms), ARGV[5] the fence: the last moment
+# (Redis's clock, ms) at which the caller still waits, then ARGV[6..] pairs (C, hash) of one or more
+# records already chained to each other locally, the first one to ARGV[1].
 # Answers {1, id, id, ...} when all were appended; {2, head} on a lost race that earned this writer
 # the next turn; {0, head} on a lost race (or while another writer's turn lasts); {-1, ""} when the
-# head key is gone while the stream still has records (appending from genesis would fork the chain).
+# head key is gone while the stream still has records (appending from genesis would fork the chain);
+# {3, ""} when the script runs after the fence: a caller that gave up must not get its record in.
 #
 # The turn is only about liveness: a writer that keeps its own head cached would otherwise win
 # every race against writers that first have to learn the new head. The first loser takes the turn;
 # while it lasts only its holder may append; its append ends it. The CAS alone keeps the chain whole.
 _APPEND_LUA = """
+local now = redis.call('TIME')
+if tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) > tonumber(ARGV[5]) then
+  return {3, ''}
+end
 local head = redis.call('GET', KEYS[2])
 if not head then
   if redis.call('XLEN', KEYS[1]) ~= 0 then
@@ -330,7 +337,7 @@ local turn = redis.call('GET', KEYS[3])
 if head == ARGV[1] and (not turn or turn == ARGV[3]) then
   local out = {1}
   local last = head
-  for i = 5, #ARGV, 2 do
+  for i = 6, #ARGV, 2 do
     out[#out + 1] = redis.call('XADD', KEYS[1], '*', 'r', ARGV[i], 'h', ARGV[i + 1])
     last = ARGV[i + 1]
   end
@@ -351,9 +358,18 @@ return {0, head}
 """
 
 MAX_BATCH = 64
+_PREV_FIELD = b'"prev":"'
+FENCE_MARGIN_MS = 20  # the script gives up this long before its caller does
+CLOCK_CHECK_SECONDS = 60.0  # how often Redis's clock is compared with ours
 
 
-_Pending = tuple[ReceiptFields, "asyncio.Future[Receipt]"]
+_Pending = tuple[ReceiptFields, "asyncio.Future[Receipt]", float]  # fields, result, deadline
+
+
+def _fail(items: list[_Pending], error: ReceiptError) -> None:
+    for item in items:
+        if not item[1].done():
+            item[1].set_exception(error)
 
 
 def _consume(future: asyncio.Future[Receipt]) -> None:
@@ -376,14 +392,19 @@ class ReceiptStore:
     """Appends receipts to, and verifies, per-tenant chains in one Redis (or one Cluster slot each).
 
     `timeout` bounds every Redis call, and a whole `append` (queueing, retries and all): a receipt
-    sits on the request path. When an append times out after its script reached Redis, the record
-    may be in the chain although the caller was told it failed; the chain itself stays whole.
+    sits on the request path. The append script carries a fence, the caller's deadline in Redis's
+    clock less FENCE_MARGIN_MS, and does nothing once it has passed: a caller told "timed out" does
+    not get its record written later by a slow Redis. The writes go through `writer`, a client
+    that never re-sends a command (a re-sent script whose first run succeeded would append twice).
+    What remains: a connection lost after the script ran and before its answer arrived leaves the
+    record of a request its caller then refused; never a forwarded request without its record.
     """
 
     def __init__(
         self,
         client: Redis,
         *,
+        writer: Redis | None = None,
         key_prefix: str = "cordon",
         timeout: float = 0.25,
         max_attempts: int = 100,
@@ -392,12 +413,15 @@ class ReceiptStore:
         if not key_prefix or any(c in key_prefix for c in "{}*?[]\\"):
             raise ValueError("key_prefix must be non-empty, without braces or glob characters")
         self._redis = client
+        self._writer = writer or client
         self._prefix = key_prefix
         self._timeout = timeout
         self._max_attempts = max_attempts
         self._turn_ms = str(turn_ms)
         self._writer_id = secrets.token_hex(8)
-        self._append_script = client.register_script(_APPEND_LUA)
+        self._append_script = self._writer.register_script(_APPEND_LUA)
+        self._clock_offset_ms: float | None = None  # Redis's TIME minus ours
+        self._clock_checked = 0.0
         self._heads: dict[str, str] = {}  # the last head seen per tenant: a guess, the script decides
         self._queues: dict[str, list[_Pending]] = {}
         self._drains: dict[str, asyncio.Task[None]] = {}
@@ -407,16 +431,19 @@ class ReceiptStore:
 
     @classmethod
     def from_url(cls, url: str, *, timeout: float = 0.25, **kwargs: object) -> ReceiptStore:
-        """A store with its own client: socket timeouts = `timeout`, one immediate reconnect."""
-        client = Redis.from_url(
-            url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 1)
-        )
-        return cls(client, timeout=timeout, **kwargs)  # type: ignore[arg-type]
+        """A store with its own clients, socket timeouts = `timeout`: reads reconnect once at
+        once (a restarted Redis), the append script is never re-sent."""
+        options = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
+        client = Redis.from_url(url, retry=Retry(NoBackoff(), 1), **options)
+        writer = Redis.from_url(url, retry=Retry(NoBackoff(), 0), **options)
+        return cls(client, writer=writer, timeout=timeout, **kwargs)  # type: ignore[arg-type]
 
     async def aclose(self) -> None:
         for task in list(self._drains.values()):
             task.cancel()
         await self._redis.aclose()
+        if self._writer is not self._redis:
+            await self._writer.aclose()
 
     def stream_key(self, tenant: str) -> str:
         if not valid_tenant(tenant):
@@ -447,22 +474,24 @@ class ReceiptStore:
     async def append(self, receipt_fields: ReceiptFields) -> Receipt:
         """Chain one record onto its tenant's chain; returns it with `prev` and `hash`.
 
-        Appends of one tenant queue in this process and one drain task per tenant writes them:
-        everything queued so far (up to MAX_BATCH), chained locally, in one script call. Under
-        load N waiting exchanges cost one round trip instead of N; alone, an append costs one. A
-        caller that gives up (timeout) while its record is still queued takes it out; once taken
-        into a batch in flight, the record may be written although the caller was told it failed.
+        Appends of one tenant queue in this process and one writer at a time sends them:
+        everything queued so far (up to MAX_BATCH), chained locally, in one script call. Under load
+        N waiting exchanges cost one round trip instead of N; alone, an append costs one (the
+        caller writes its own record). A caller that gives up while its record is still queued
+        takes it out; a batch in flight is fenced by the earliest deadline in it.
         """
         tenant = receipt_fields.tenant
         self.stream_key(tenant)  # validates the tenant before anything is queued
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timeout
         queue = self._queues.setdefault(tenant, [])
         if tenant not in self._writing:
             # Nobody is writing this chain: this caller writes its own record now, and whatever
             # queued meanwhile is handed to a drain task afterwards.
             self._writing.add(tenant)
             try:
-                async with asyncio.timeout(self._timeout):
-                    return (await self._append_locked(tenant, [receipt_fields]))[0]
+                async with asyncio.timeout_at(deadline):
+                    return (await self._append_locked(tenant, [receipt_fields], deadline))[0]
             except TimeoutError as exc:
                 raise ReceiptError(f"receipt append did not finish within {self._timeout}s") from exc
             except (RedisError, OSError) as exc:
@@ -471,12 +500,12 @@ class ReceiptStore:
                 self._writing.discard(tenant)
                 if queue:
                     self._start_drain(tenant)
-        item: _Pending = (receipt_fields, asyncio.get_running_loop().create_future())
+        item: _Pending = (receipt_fields, loop.create_future(), deadline)
         item[1].add_done_callback(_consume)
         queue.append(item)
         try:
-            async with asyncio.timeout(self._timeout):
-                return await item[1]
+            async with asyncio.timeout_at(deadline):
+                return await asyncio.shield(item[1])
         except TimeoutError as exc:
             if item in queue:
                 queue.remove(item)
@@ -495,44 +524,55 @@ class ReceiptStore:
                 del queue[:MAX_BATCH]
                 if batch:
                     await self._append_batch(tenant, batch)
+        except BaseException:
+            # Cancelled (the store is closing): nobody queued may wait for a writer that is gone.
+            _fail([*queue], ReceiptError("the receipt store is closing"))
+            queue.clear()
+            raise
         finally:
             self._writing.discard(tenant)
             self._drains.pop(tenant, None)
 
     async def _append_batch(self, tenant: str, batch: list[_Pending]) -> None:
         """Write `batch` in order; every future gets its Receipt or the same ReceiptError."""
+        deadline = min(item[2] for item in batch)
         try:
-            async with asyncio.timeout(self._timeout):
-                receipts = await self._append_locked(tenant, [fields_ for fields_, _ in batch])
+            async with asyncio.timeout_at(deadline):
+                receipts = await self._append_locked(tenant, [item[0] for item in batch], deadline)
         except TimeoutError:
-            error = ReceiptError(f"receipt append did not finish within {self._timeout}s")
-            for _, future in batch:
-                if not future.done():
-                    future.set_exception(error)
-            return
+            _fail(batch, ReceiptError(f"receipt append did not finish within {self._timeout}s"))
+        except ReceiptError as exc:
+            _fail(batch, exc)
         except (RedisError, OSError) as exc:
-            error = ReceiptError(f"Redis failed: {type(exc).__name__}")
-            for _, future in batch:
-                if not future.done():
-                    future.set_exception(error)
-            return
-        except BaseException as exc:
-            error = exc if isinstance(exc, ReceiptError) else ReceiptError("receipt append interrupted")
-            for _, future in batch:
-                if not future.done():
-                    future.set_exception(error)
+            _fail(batch, ReceiptError(f"Redis failed: {type(exc).__name__}"))
+        except BaseException:
+            _fail(batch, ReceiptError("receipt append interrupted"))
             raise
-        for (_, future), receipt in zip(batch, receipts, strict=True):
-            if not future.done():
-                future.set_result(receipt)
+        else:
+            for item, receipt in zip(batch, receipts, strict=True):
+                if not item[1].done():
+                    item[1].set_result(receipt)
 
-    async def _append_locked(self, tenant: str, batch: list[ReceiptFields]) -> list[Receipt]:
+    async def _fence(self, deadline: float) -> int:
+        """`deadline` (this loop's clock) as Redis's TIME in ms, less FENCE_MARGIN_MS."""
+        loop = asyncio.get_running_loop()
+        if self._clock_offset_ms is None or loop.time() - self._clock_checked > CLOCK_CHECK_SECONDS:
+            before = time.time()
+            seconds, micros = await self._writer.time()
+            after = time.time()
+            redis_ms = seconds * 1000 + micros / 1000
+            self._clock_offset_ms = redis_ms - (before + after) * 500  # midpoint of the round trip
+            self._clock_checked = loop.time()
+        remaining_ms = (deadline - loop.time()) * 1000
+        return int(time.time() * 1000 + self._clock_offset_ms + remaining_ms - FENCE_MARGIN_MS)
+
+    async def _append_locked(self, tenant: str, batch: list[ReceiptFields], deadline: float) -> list[Receipt]:
         keys = [self.stream_key(tenant), self.head_key(tenant), self.turn_key(tenant)]
         records = [receipt_fields.record() for receipt_fields in batch]
         prev = self._heads.get(tenant, GENESIS)
         for _ in range(self._max_attempts):
             chained: list[tuple[str, str]] = []  # (prev, hash) of each record
-            args: list[object] = [prev, GENESIS, self._writer_id, self._turn_ms]
+            args: list[object] = [prev, GENESIS, self._writer_id, self._turn_ms, await self._fence(deadline)]
             link = prev
             for record in records:
                 canonical = canonical_json({**record, "prev": link})
@@ -550,6 +590,8 @@ class ReceiptStore:
                 ]
             if status == -1:
                 raise ReceiptError("the chain head key is missing while the stream has records")
+            if status == 3:
+                raise ReceiptError(f"receipt append did not finish within {self._timeout}s (fenced)")
             self.races_lost += 1
             prev = _text(answer[1])
             self._heads[tenant] = prev
@@ -627,8 +669,11 @@ class ReceiptStore:
     async def find_by_ref_digest(self, tenant: str, digest: str) -> list[Receipt]:
         """The verified records whose `refDigest` is `digest`; ChainBroken if the chain is not whole.
 
-        The chain is verified first (incrementally), then read up to the record verification
-        reached; each match's own hash is rechecked in case it changed in between.
+        The chain is verified first (incrementally), then read from its first record up to the
+        one verification reached. That pass also checks every link (each record's `prev` is the
+        stored hash of the record before it: a comparison, no hashing), so a record deleted or
+        rewritten before this worker's checkpoint is caught too; each match's own hash is
+        recomputed.
         """
         if not isinstance(digest, str) or not _HEX64.fullmatch(digest):
             raise ValueError("a refDigest is 64 lowercase hex characters")
@@ -641,10 +686,16 @@ class ReceiptStore:
         needle = b'"refDigest":"' + digest.encode("ascii") + b'"'
         matches: list[Receipt] = []
         start = "-"
+        link = GENESIS.encode("ascii")
         while True:
             batch = await self._call(self._redis.xrange(stream, start, result.last_id, count=VERIFY_BATCH))
             for raw_id, entry in batch:
                 raw = entry.get(b"r", b"")
+                at = raw.find(_PREV_FIELD)
+                stored_prev = raw[at + len(_PREV_FIELD) : at + len(_PREV_FIELD) + 64] if at >= 0 else b""
+                if stored_prev != link:
+                    raise ChainBroken(VerifyResult(tenant, False, 0, None, GENESIS, _text(raw_id), "prev"))
+                link = entry.get(b"h", b"")
                 if needle not in raw:
                     continue
                 entry_id = _text(raw_id)

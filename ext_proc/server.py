@@ -31,7 +31,15 @@ from ext_proc.errors import describe
 from ext_proc.exchange import Exchange, Runtime
 from ext_proc.metrics import metrics_dir, serve_metrics, write_snapshot
 from ext_proc.ocr import OcrPool
-from ext_proc.policy import load_policy_dir, policy_signature, reload_policy_dir
+from ext_proc.policy import (
+    PolicyError,
+    PolicySet,
+    dump_policy_set,
+    load_policy_dir,
+    load_policy_snapshot,
+    policy_signature,
+    reload_policy_dir,
+)
 from ext_proc.receipts import ReceiptStore
 
 log = logging.getLogger("cordon.server")
@@ -81,13 +89,54 @@ def ready_file(settings: Settings, index: int) -> Path:
     return settings.run_dir / "extproc" / f"worker-{index}.ready"
 
 
-async def watch_policies(settings: Settings, runtime: Runtime, wake: asyncio.Event) -> None:
+def snapshot_file(settings: Settings) -> Path:
+    return settings.run_dir / "extproc" / "policies.last-good.json"
+
+
+def save_snapshot(settings: Settings, policies: PolicySet) -> None:
+    """The set this worker now serves, for a worker restarted while a file is broken."""
+    path = snapshot_file(settings)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(dump_policy_set(policies))
+    os.replace(tmp, path)
+
+
+def log_policy_errors(runtime: Runtime | None, errors: list[PolicyError]) -> None:
+    for error in errors:
+        if runtime is not None:
+            runtime.metrics.inc("cordon_policy_reload_errors_total")
+        where = {"file": error.source, "key": error.key}
+        log.error(json.dumps({"event": "policy_reload_error", **where, "reason": error.reason}))
+
+
+def initial_policies(settings: Settings) -> PolicySet:
+    """The strict load; if a file broke since the server started (this is a restarted worker),
+    the last good set the other workers serve, with every file that still loads applied."""
+    try:
+        policies = load_policy_dir(settings.policy_dir)
+    except PolicyError as first:
+        try:
+            previous = load_policy_snapshot(snapshot_file(settings).read_text())
+        except (OSError, ValueError, TypeError, KeyError):
+            raise first from None
+        policies, errors = reload_policy_dir(settings.policy_dir, previous)
+        log_policy_errors(None, errors)
+        log.warning(json.dumps({"event": "policy_last_good_kept", "tenants": sorted(policies.tenants)}))
+        return policies
+    save_snapshot(settings, policies)
+    return policies
+
+
+async def watch_policies(
+    settings: Settings, runtime: Runtime, wake: asyncio.Event, signature: tuple[tuple[str, int, int], ...]
+) -> None:
     """Reload the policy directory when a file changes (polled) or on SIGHUP (`wake`).
 
-    A file that no longer loads keeps its last good version; the reason is logged (file, key,
-    reason: never a value).
+    `signature` is the directory as it was just before this worker loaded it, so an edit made while
+    the worker started is seen. A file that no longer loads keeps its last good version; the reason
+    is logged (file, key, reason: never a value).
     """
-    signature = policy_signature(settings.policy_dir)
     while True:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(POLICY_POLL_SECONDS):
@@ -99,22 +148,15 @@ async def watch_policies(settings: Settings, runtime: Runtime, wake: asyncio.Eve
             continue
         signature = current
         policies, errors = reload_policy_dir(settings.policy_dir, runtime.policies)
-        for error in errors:
-            runtime.metrics.inc("cordon_policy_reload_errors_total")
-            log.error(
-                json.dumps(
-                    {
-                        "event": "policy_reload_error",
-                        "file": error.source,
-                        "key": error.key,
-                        "reason": error.reason,
-                    }
-                )
-            )
-        if policies is not runtime.policies:
+        log_policy_errors(runtime, errors)
+        if policies != runtime.policies:
             runtime.policies = policies
             runtime.metrics.inc("cordon_policy_reloads_total")
             log.info(json.dumps({"event": "policy_reloaded", "tenants": sorted(policies.tenants)}))
+            try:
+                save_snapshot(settings, policies)
+            except OSError as exc:
+                log.warning(json.dumps({"event": "policy_snapshot_failed", "error": type(exc).__name__}))
 
 
 async def publish_metrics(settings: Settings, runtime: Runtime, index: int) -> None:
@@ -129,8 +171,9 @@ async def publish_metrics(settings: Settings, runtime: Runtime, index: int) -> N
 
 async def run_worker(settings: Settings, index: int) -> None:
     store = ReceiptStore.from_url(settings.effective_redis_url, timeout=settings.redis_timeout)
+    signature = policy_signature(settings.policy_dir)
     runtime = Runtime(
-        policies=load_policy_dir(settings.policy_dir),
+        policies=initial_policies(settings),
         admin_token=settings.admin_token,
         receipts=store,
         receipt_secret=settings.load_receipt_secret(),
@@ -165,7 +208,7 @@ async def run_worker(settings: Settings, index: int) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, reload.set)
-    watcher = asyncio.create_task(watch_policies(settings, runtime, reload))
+    watcher = asyncio.create_task(watch_policies(settings, runtime, reload, signature))
     publisher = asyncio.create_task(publish_metrics(settings, runtime, index))
     await stop.wait()
     watcher.cancel()
@@ -216,6 +259,9 @@ def serve(settings: Settings) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    # Ignored until every worker exists; the workers inherit "ignored" through exec, so a SIGHUP
+    # that reaches one still starting does not kill it (its event loop takes SIGHUP over later).
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     workers = {index: start(index) for index in range(settings.workers)}
     signal.signal(signal.SIGHUP, on_hangup)
     restarts: dict[int, float] = {}
@@ -230,6 +276,7 @@ def serve(settings: Settings) -> int:
             if time.monotonic() - last < 1.0:
                 time.sleep(1.0)
             log.warning('{"event":"worker_exited","worker":%d,"code":%d,"restarting":true}', index, code)
+            ready_file(settings, index).unlink(missing_ok=True)  # ready again when the new one says so
             restarts[index] = time.monotonic()
             workers[index] = start(index)
     for process in workers.values():

@@ -156,6 +156,9 @@ def parse_subject_header(raw: str) -> SubjectHeader:
             raise SubjectHeaderError("ref must be a string")
         if len(ref) > MAX_REF_CHARS:
             raise SubjectHeaderError(f"ref is longer than {MAX_REF_CHARS} characters")
+        if not ref or any(0xD800 <= ord(c) <= 0xDFFF for c in ref):
+            # A lone surrogate ("\ud800" is valid JSON) is no text: it cannot be HMACed as UTF-8.
+            raise SubjectHeaderError("ref must be non-empty Unicode text")
     media = data.get("media")
     if media is not None and media not in MEDIA_CHOICES:
         raise SubjectHeaderError("media must be one of block, mask, allow")

@@ -161,12 +161,15 @@ def test_tampered_chain_is_a_409_naming_the_record(audited: RunningStack) -> Non
     cli = [sys.executable, "-m", "ext_proc", "receipts", "verify", "--tenant", "chain"]
     ok = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0 and f"chain: ok, {len(chain)} records" in ok.stdout
+    # Query first: every worker that answers keeps a checkpoint at the chain's end, so the deletion
+    # below sits before the checkpoint and only the link check of the query pass can see it.
+    admin_headers = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+    for _ in range(4):
+        assert request(port, "GET", "/admin/receipts?ref=anything", None, admin_headers).status == 200
     removed = chain[1][0]
     with redis.Redis.from_url(stack.redis.url) as r:
         assert r.xdel(stream_key("chain"), removed) == 1
-    reply = request(
-        port, "GET", "/admin/receipts?ref=anything", None, {"authorization": f"Bearer {ADMIN_TOKEN}"}
-    )
+    reply = request(port, "GET", "/admin/receipts?ref=anything", None, admin_headers)
     assert reply.status == 409
     error = reply.json()["error"]
     assert error["tenant"] == "chain" and error["id"] == chain[2][0] and error["reason"] == "prev"
@@ -242,3 +245,19 @@ def test_policy_reload_on_change_and_sighup(tmp_path: Path) -> None:
         extproc = next(s for s in stack.stack.services if s.name == "ext_proc")
         extproc.process.send_signal(signal.SIGHUP)
         wait_for(lambda: mode_now() == "strip")
+
+        # A worker restarted while a file is broken serves the last good set, not a crash loop.
+        strip_file.write_text(original.replace("mode: strip", "mode: shred"))
+        wait_for(lambda: len(log_events(stack, "policy_reload_error")) >= 2)
+        ready = stack.settings.run_dir / "extproc" / "worker-0.ready"
+        old_pid = int(ready.read_text())
+        os.kill(old_pid, signal.SIGKILL)
+        wait_for(lambda: ready.exists() and ready.read_text() != str(old_pid), timeout=20)
+        assert log_events(stack, "policy_last_good_kept")
+        assert mode_now() == "strip"
+        # A lock file an editor leaves beside the policies is not a policy file.
+        (tmp_path / "policies" / ".#strip.yaml").write_text("not: [valid")
+        strip_file.write_text(original)
+        time.sleep(1.5)
+        errors = log_events(stack, "policy_reload_error")
+        assert not any(".#strip.yaml" in str(e["file"]) for e in errors)

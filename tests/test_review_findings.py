@@ -332,3 +332,44 @@ def test_chunked_body_with_expect_continue_is_read(stack: RunningStack, upstream
     assert reached(upstream) == 1
     kinds = leaked(upstream.received[0].body)
     assert kinds == [], f"kinds {kinds}"
+
+
+# --- second review (issue 4): found by a helper, each fixed ----------------------------------
+
+
+def test_a_ref_with_a_lone_surrogate_is_a_400(stack: RunningStack, upstream: FakeUpstream) -> None:
+    """`"\\ud800"` is valid JSON but no text: it cannot be HMACed; it used to end in a 500."""
+    text = '{"ref":"case-\\ud800","subjects":[{"names":["Marisol Quintero-Vance"]}]}'
+    raw = base64.urlsafe_b64encode(text.encode("ascii")).decode("ascii").rstrip("=")
+    with pytest.raises(Exception, match="ref must be non-empty Unicode text"):
+        parse_subject_header(raw)
+    reply = request(port(stack), "POST", "/v1/chat/completions", chat_body("hi"), {"x-cordon-subject": raw})
+    assert reply.status == 400 and reply.json()["error"]["stage"] == "request"
+    assert upstream.received == []
+
+
+def test_a_junk_bearer_beside_a_real_key_does_not_pick_the_lenient_tenant(
+    stack: RunningStack, upstream: FakeUpstream
+) -> None:
+    """x-api-key selects a `requireSubject` tenant; a junk bearer token selects the default. Two
+    credentials naming two tenants are refused instead of resolved in the lenient direction."""
+    body = {"model": "claude-sonnet-4-6", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    only_key = request(port(stack), "POST", "/v1/messages", body, {"x-api-key": KEYS["require"]})
+    assert only_key.status == 400 and "requires" in only_key.json()["error"]["message"]
+    both = request(
+        port(stack),
+        "POST",
+        "/v1/messages",
+        body,
+        {"x-api-key": KEYS["require"], "authorization": "Bearer junk"},
+    )
+    assert both.status == 400 and "different tenants" in both.json()["error"]["message"]
+    same = request(
+        port(stack),
+        "POST",
+        "/v1/messages",
+        body,
+        {"x-api-key": KEYS["strip"], "authorization": f"Bearer {KEYS['strip']}"},
+    )
+    assert same.status == 200
+    assert len(upstream.received) == 1
