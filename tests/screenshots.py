@@ -89,3 +89,31 @@ def legible(words: list[str]) -> tuple[list[str], list[str]]:
     """(secret cores still legible, ordinary words still legible) in a reading's words."""
     text = cores_of(words)
     return [c for c in SECRET_CORES if c in text], [w for w in ORDINARY if w in text]
+
+
+def write_example(directory: Path) -> tuple[Path, Path]:
+    """The README's before/after pair: a screenshot and what `media: mask` forwards for it."""
+    import time
+
+    from ext_proc import ocr
+    from ext_proc.catalog import Catalog
+    from ext_proc.subject_header import encode_subject_header, parse_subject_header
+    from ext_proc.subjects import compile_subjects
+
+    subjects = compile_subjects(parse_subject_header(encode_subject_header({"subjects": [PERSON]})))
+    detectors = [Catalog.for_sets(("pii", "pci", "secrets")).detect, subjects.detect]
+    fuzzy = ocr.fuzzy_pattern([form.key for form in subjects.forms()])
+    before = encode(render(styles()[0]), "PNG")
+    masked, _ = ocr.mask_image(
+        data_url(before, "image/png"), detectors, fuzzy, deadline=time.monotonic() + 60
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = (directory / "ocr-before.png", directory / "ocr-after.png")
+    paths[0].write_bytes(before)
+    paths[1].write_bytes(base64.b64decode(masked.split(",", 1)[1]))
+    return paths
+
+
+if __name__ == "__main__":
+    for path in write_example(Path(__file__).parent / "data"):
+        print(path)
