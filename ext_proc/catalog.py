@@ -528,7 +528,10 @@ def _phone_valid(number: str, region: str | None) -> bool:
     return phonenumbers.is_valid_number(parsed)
 
 
+@functools.lru_cache(maxsize=16384)
 def _phone_ok(window: str, has_context: bool) -> bool:
+    """Is this window (a candidate's chunks) a phone number? Pure, so cached: a conversation
+    resends its history every turn, and the same numbers come back again and again."""
     digits = _digits_of(window)
     if not 7 <= len(digits) <= 15:
         return False
@@ -575,13 +578,22 @@ def _phone(text: str, m: regex.Match[str], span: Span, _o: Options) -> Iterable[
     if sum(1 for ch in text[start:end] if ch in _DIGIT_SET) < 7:
         return
     has_context = _search(_PHONE_CONTEXT, text, max(0, start - 40), start) is not None
-    chunks = [c.span() for c in _all(_WS_RUN, text, start, end)]
+    for rel_start, rel_end in _phone_spans(text[start:end], has_context):
+        yield (start + rel_start, start + rel_end)
+
+
+@functools.lru_cache(maxsize=16384)
+def _phone_spans(text: str, has_context: bool) -> tuple[Span, ...]:
+    """The phone numbers in one candidate (offsets in it). Pure, so cached: a conversation
+    resends its history every turn and the same numbers come back."""
+    found: list[Span] = []
+    chunks = [c.span() for c in _all(_WS_RUN, text)]
     k = len(chunks)
     # A run of 1-2 digit groups ("05 00 01 02 03 04") is a byte or number listing, unless it is
     # exactly five pairs (01 42 68 53 00, the French way of writing a number).
     listing = k > 1 and all(c1 - c0 <= 2 for c0, c1 in chunks)
     if listing and (k != 5 or any(c1 - c0 != 2 for c0, c1 in chunks)):
-        return
+        return ()
     i = 0
     while i < k:
         for j in range(min(k, i + 7), i, -1):
@@ -597,11 +609,12 @@ def _phone(text: str, m: regex.Match[str], span: Span, _o: Options) -> Iterable[
             if window.startswith("(") and window.endswith(")") and window.count("(") == 1:
                 start, end, window = start + 1, end - 1, window[1:-1]
             if _phone_ok(window, has_context):
-                yield (start, end)
+                found.append((start, end))
                 i = j
                 break
         else:
             i += 1
+    return tuple(found)
 
 
 _AWS_CONTEXT = _c(r"(?i)aws|secret|access[_\-. ]?key")
@@ -638,7 +651,21 @@ def base64_entropy_threshold(length: int) -> float:
 
 
 def is_high_entropy(token: str) -> bool:
-    """The HIGH_ENTROPY decision for one candidate token (padding included or not)."""
+    """The HIGH_ENTROPY decision for one candidate token (padding included or not).
+
+    Pure, so tokens of ordinary length are cached: conversations resend their history.
+    """
+    if len(token) <= 256:
+        return _is_high_entropy_cached(token)
+    return _is_high_entropy(token)
+
+
+@functools.lru_cache(maxsize=16384)
+def _is_high_entropy_cached(token: str) -> bool:
+    return _is_high_entropy(token)
+
+
+def _is_high_entropy(token: str) -> bool:
     token = token.rstrip("=")
     if len(token) < HIGH_ENTROPY_MIN_LENGTH:
         return False
