@@ -1271,6 +1271,29 @@ def _token_runs_20(scratch: _Scratch) -> list[Span]:
     return scratch.cache["runs20"]
 
 
+# What can follow an `@` in an address the EMAIL pattern accepts (labels, dots, "[dot]" forms).
+_DOMAIN_RUN = regex.compile(rb"[A-Za-z0-9.\-\[\](){} ]*")
+EMAIL_LOCAL_MAX = 64
+
+
+def _at_signs(scratch: _Scratch) -> list[Span]:
+    """Around each `@`: the longest local part before it (plus the look-behind character) and
+    the run of domain characters after it (plus the look-ahead character). Every EMAIL match
+    lies inside the window of its own `@`."""
+    if "at" not in scratch.cache:
+        ascii_ = scratch.ascii
+        n = len(ascii_)
+        out: list[Span] = []
+        pos = ascii_.find(b"@")
+        while pos >= 0:
+            run = _DOMAIN_RUN.match(ascii_, pos + 1)
+            end = run.end() if run is not None else pos + 1
+            out.append((max(0, pos - EMAIL_LOCAL_MAX - 1), min(n, end + 1)))
+            pos = ascii_.find(b"@", pos + 1)
+        scratch.cache["at"] = out
+    return scratch.cache["at"]
+
+
 def _token_runs_40(scratch: _Scratch) -> list[Span]:
     return [(s, e) for s, e in _token_runs_20(scratch) if e - s >= 40]
 
@@ -1334,6 +1357,7 @@ def _keyword_identifiers(scratch: _Scratch, *, any_follower: bool = False) -> li
 Anchor = Callable[[_Scratch], list[Span]]
 ANCHORS: dict[str, Anchor] = {
     "token_runs_20": _token_runs_20,
+    "at_signs": _at_signs,
     "token_runs_40": _token_runs_40,
     "keyword_identifiers": _keyword_identifiers,
     "all_keyword_identifiers": _all_keyword_identifiers,
@@ -1504,6 +1528,7 @@ DETECTORS: tuple[Detector, ...] = (
         ),
         validator="email",
         triggers=("@",),
+        anchor="at_signs",
     ),
     Detector(
         "iban",
