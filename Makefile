@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run up down test test-slow lint format clean
+.PHONY: install run up down test test-slow bench lint format clean
 
 install: $(STAMP)
 
@@ -33,6 +33,12 @@ test: $(STAMP)
 # The long property runs (many more hypothesis examples); not part of `make test`.
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow
+
+# SPEC §13, filtered against a filter-less listener of the same Envoy (tests/bench.py); it starts
+# its own stack on free ports. Not part of `make test`. BENCH_ARGS="--quick" for a smoke run,
+# "--soak 10" to add the 10-minute memory soak.
+bench: $(STAMP)
+	$(BIN)/python -m tests.bench $(BENCH_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check ext_proc tests

@@ -31,6 +31,11 @@ ROUTE_PROVIDERS: dict[str, tuple[str, str]] = {
 ADMIN_ROUTE = "admin"
 NOT_FOUND_ROUTE = "not-found"
 
+STREAM_IDLE_TIMEOUT = "300s"
+HCM_TYPE = (
+    "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
+)
+
 # Headers for the filter only: stripped by the processor and, should it ever not, by the route.
 FILTER_HEADERS = ("x-cordon-subject", "x-tenant", "x-redact-mode")
 
@@ -104,8 +109,17 @@ def render_routes() -> str:
     return textwrap.indent(config, " " * 12)
 
 
+ROUTER_FILTER = textwrap.dedent(
+    """\
+    - name: envoy.filters.http.router
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+    """
+)
+
+
 def render_filters(settings: Settings) -> str:
-    filters = textwrap.dedent(
+    ext_proc = textwrap.dedent(
         """\
         - name: envoy.filters.http.ext_proc
           typed_config:
@@ -125,12 +139,41 @@ def render_filters(settings: Settings) -> str:
             request_attributes: ["xds.route_name"]
             message_timeout: {timeout}s
             max_message_timeout: 300s
-        - name: envoy.filters.http.router
-          typed_config:
-            "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
         """
     ).replace("{timeout}", str(settings.message_timeout_seconds))
-    return textwrap.indent(filters, " " * 10)
+    return textwrap.indent(ext_proc + ROUTER_FILTER, " " * 10)
+
+
+def render_bench_listener(settings: Settings) -> str:
+    """`make bench` only (BENCH_LISTEN_PORT): the plain listener without the ext_proc filter.
+
+    Same routes, same upstream clusters, same Envoy: the difference between it and the plain
+    listener is what the filter costs. Never rendered unless the setting is given.
+    """
+    if settings.bench_listen_port is None:
+        return ""
+    listener = textwrap.dedent(
+        f"""\
+        - name: bench
+          address:
+            socket_address: {{address: "{settings.listen_address}", port_value: {settings.bench_listen_port}}}
+          per_connection_buffer_limit_bytes: {settings.max_body_bytes}
+          filter_chains:
+          - filters:
+            - name: envoy.filters.network.http_connection_manager
+              typed_config:
+                "@type": {HCM_TYPE}
+                stat_prefix: bench
+                normalize_path: true
+                merge_slashes: true
+                path_with_escaped_slashes_action: UNESCAPE_AND_FORWARD
+                stream_idle_timeout: {STREAM_IDLE_TIMEOUT}
+                route_config:
+        """
+    )
+    # The listener sits under `listeners:` (two spaces); routes and filters come indented already.
+    filters = "          http_filters:\n" + textwrap.indent(ROUTER_FILTER, " " * 10)
+    return textwrap.indent(listener, "  ") + render_routes() + "\n" + filters
 
 
 def render_upstream_tls(upstream: Upstream, settings: Settings) -> str:
@@ -172,13 +215,14 @@ def render(settings: Settings, *, openai: Upstream, anthropic: Upstream, cert: P
         "LISTEN_PORT": settings.listen_port,
         "TLS_PORT": settings.tls_port,
         "MAX_BODY_BYTES": settings.max_body_bytes,
-        "STREAM_IDLE_TIMEOUT": "300s",
+        "STREAM_IDLE_TIMEOUT": STREAM_IDLE_TIMEOUT,
         "EXTPROC_ADDRESS": settings.extproc_address,
         "EXTPROC_PORT": settings.extproc_port,
         "TLS_CERT_FILE": cert,
         "TLS_KEY_FILE": key,
         "ROUTES": render_routes(),
         "FILTERS": render_filters(settings),
+        "BENCH_LISTENER": render_bench_listener(settings),
     }
     for upstream in (openai, anthropic):
         prefix = upstream.name.upper()

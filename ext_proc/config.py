@@ -78,6 +78,12 @@ def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
     raise ConfigError(f"{name} must be true or false")
 
 
+def _optional_port(env: Mapping[str, str], name: str) -> int | None:
+    if env.get(name, "") == "":
+        return None
+    return _int(env, name, 0, low=1, high=65535)
+
+
 MIN_SECRET_CHARS = 32
 
 
@@ -121,6 +127,7 @@ class Settings:
     ocr_budget_seconds: int
     ocr_max_images: int
     receipt_secret: str | None  # None: generated once under RUN_DIR (one host only)
+    bench_listen_port: int | None = None  # `make bench` only: a listener without the filter
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -160,6 +167,7 @@ class Settings:
             ocr_budget_seconds=_int(env, "OCR_BUDGET_SECONDS", 30, low=1, high=280),
             ocr_max_images=_int(env, "OCR_MAX_IMAGES", 16, low=1, high=256),
             receipt_secret=_secret(env, "RECEIPT_SECRET"),
+            bench_listen_port=_optional_port(env, "BENCH_LISTEN_PORT"),
         )
 
     @property

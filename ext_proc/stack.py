@@ -119,6 +119,8 @@ class Stack:
             ("EXTPROC_PORT", s.extproc_address, s.extproc_port),
             ("METRICS_PORT", s.extproc_address, s.metrics_port),
         ]
+        if s.bench_listen_port is not None:
+            wanted.append(("BENCH_LISTEN_PORT", s.listen_address, s.bench_listen_port))
         if s.redis_url is None:
             wanted.append(("embedded Redis port", "127.0.0.1", DEFAULT_REDIS_PORT))
         if self.needs_fake_upstream:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import socket
 import ssl
 import stat
 import subprocess
@@ -20,11 +21,13 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from ext_proc import bootstrap
 from ext_proc.config import ConfigError, Settings, parse_upstream
-from ext_proc.stack import envoy_binary
+from ext_proc.stack import Stack, StackError, envoy_binary
+from tests.harness import free_port
 
 MAX_BODY = 1_048_576  # not the default, so a hard-coded limit would show
 EXT_PROC = "envoy.filters.http.ext_proc"
 FILTER_HEADERS = {"x-cordon-subject", "x-tenant", "x-redact-mode"}
+PORT_SETTINGS = ("LISTEN_PORT", "TLS_PORT", "ENVOY_ADMIN_PORT", "EXTPROC_PORT", "METRICS_PORT")
 
 
 @dataclass(frozen=True)
@@ -43,7 +46,7 @@ def make_tls(directory: Path) -> tuple[Path, Path, Path]:
     return cert, key, ca
 
 
-def render_case(case: str, tmp: Path) -> Rendered:
+def render_case(case: str, tmp: Path, **extra: str) -> Rendered:
     gen_cert, gen_key, gen_ca = make_tls(tmp / "generated")
     env = {
         "RUN_DIR": str(tmp / "run"),
@@ -64,7 +67,7 @@ def render_case(case: str, tmp: Path) -> Rendered:
         env |= {"OPENAI_UPSTREAM": "http://127.0.0.1:18080", "ANTHROPIC_UPSTREAM": "http://127.0.0.1:18081"}
     if case == "operator-tls":
         env |= {"TLS_CERT_FILE": str(gen_cert), "TLS_KEY_FILE": str(gen_key)}
-    settings = Settings.from_env(env)
+    settings = Settings.from_env(env | extra)
     cert, key, ca = bootstrap.ensure_tls_material(settings)
     if case == "operator-tls":
         assert (cert, key, ca) == (gen_cert, gen_key, None)
@@ -284,6 +287,75 @@ def test_https_upstream_by_ip_matches_an_ip_san(tmp_path: Path) -> None:
     assert validation["match_typed_subject_alt_names"][0]["san_type"] == "IP_ADDRESS"
 
 
+# --- the bench-only listener (BENCH_LISTEN_PORT) -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def with_bench(tmp_path_factory: pytest.TempPathFactory) -> Rendered:
+    return render_case("plain-http", tmp_path_factory.mktemp("bench"), BENCH_LISTEN_PORT="18111")
+
+
+def test_no_bench_listener_unless_set(rendered: Rendered) -> None:
+    """Without BENCH_LISTEN_PORT there is no listener that skips the filter."""
+    assert rendered.settings.bench_listen_port is None
+    assert "bench" not in {listener["name"] for listener in listeners(rendered.doc)}
+
+
+def test_bench_listener_has_no_ext_proc_filter(with_bench: Rendered) -> None:
+    """BENCH_LISTEN_PORT adds a third listener on LISTEN_ADDRESS whose only HTTP filter is the router."""
+    by_name = {listener["name"]: listener for listener in listeners(with_bench.doc)}
+    assert set(by_name) == {"plain", "tls", "bench"}
+    bench = by_name["bench"]
+    assert bench["address"]["socket_address"] == {"address": "0.0.0.0", "port_value": 18111}
+    assert [f["name"] for f in hcm(bench)["http_filters"]] == ["envoy.filters.http.router"]
+    assert EXT_PROC not in yaml.safe_dump(hcm(bench)["http_filters"])
+    assert bench["per_connection_buffer_limit_bytes"] == MAX_BODY
+    # The filtered listeners keep theirs.
+    for name in ("plain", "tls"):
+        assert EXT_PROC in [f["name"] for f in hcm(by_name[name])["http_filters"]]
+
+
+def test_bench_listener_has_the_same_routes_and_clusters(with_bench: Rendered, tmp_path: Path) -> None:
+    """Same route table and normalisation as the plain listener; the clusters are untouched."""
+    by_name = {listener["name"]: listener for listener in listeners(with_bench.doc)}
+    bench, plain = hcm(by_name["bench"]), hcm(by_name["plain"])
+    assert bench["route_config"] == plain["route_config"]
+    for key in ("normalize_path", "merge_slashes", "path_with_escaped_slashes_action", "stream_idle_timeout"):
+        assert bench[key] == plain[key]
+    without = render_case("plain-http", tmp_path)
+    assert clusters(with_bench.doc) == clusters(without.doc)
+
+
+def test_envoy_validates_the_bootstrap_with_a_bench_listener(with_bench: Rendered) -> None:
+    """The real Envoy accepts the third listener (its routes still name the ext_proc per-route config)."""
+    result = subprocess.run(
+        [envoy_binary(), "--mode", "validate", "-c", str(with_bench.path), "--log-level", "warn"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_taken_bench_port_stops_the_stack_before_it_starts(tmp_path: Path) -> None:
+    """The stack's port check covers BENCH_LISTEN_PORT when it is set."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        env = {name: str(free_port()) for name in PORT_SETTINGS}
+        env |= {
+            "RUN_DIR": str(tmp_path),
+            "REDIS_URL": "redis://127.0.0.1:1/0",
+            "OPENAI_UPSTREAM": "http://127.0.0.1:1",
+            "ANTHROPIC_UPSTREAM": "http://127.0.0.1:1",
+            "BENCH_LISTEN_PORT": str(taken),
+        }
+        with pytest.raises(StackError, match="BENCH_LISTEN_PORT"):
+            Stack(Settings.from_env(env), quiet=True)._check_ports()
+
+
 # --- settings -------------------------------------------------------------------------------------
 
 
@@ -301,6 +373,7 @@ def test_defaults() -> None:
     assert s.trust_tenant_header is False
     assert s.tls_cert_file is None
     assert s.tls_key_file is None
+    assert s.bench_listen_port is None
 
 
 @pytest.mark.parametrize(
@@ -340,6 +413,8 @@ def test_parse_upstream(url: str, scheme: str, host: str, port: int) -> None:
         ({"TLS_KEY_FILE": "/tmp/key.pem"}, "TLS_KEY_FILE"),
         ({"TRUST_TENANT_HEADER": "maybe"}, "TRUST_TENANT_HEADER"),
         ({"TRUST_TENANT_HEADER": "2"}, "TRUST_TENANT_HEADER"),
+        ({"BENCH_LISTEN_PORT": "0"}, "BENCH_LISTEN_PORT"),
+        ({"BENCH_LISTEN_PORT": "bench"}, "BENCH_LISTEN_PORT"),
     ],
 )
 def test_bad_settings_raise_config_error(env: dict[str, str], names: str) -> None:
