@@ -1271,24 +1271,33 @@ def _token_runs_20(scratch: _Scratch) -> list[Span]:
     return scratch.cache["runs20"]
 
 
-# What can follow an `@` in an address the EMAIL pattern accepts (labels, dots, "[dot]" forms).
+# What can follow an `@` in an address the EMAIL pattern accepts (labels, dots, "[dot]" forms),
+# and what a local part is made of.
 _DOMAIN_RUN = regex.compile(rb"[A-Za-z0-9.\-\[\](){} ]*")
+_LOCAL_TABLE = _class_table(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._%+-")
 EMAIL_LOCAL_MAX = 64
 
 
-def _at_signs(scratch: _Scratch) -> list[Span]:
-    """Around each `@`: the longest local part before it (plus the look-behind character) and
-    the run of domain characters after it (plus the look-ahead character). Every EMAIL match
-    lies inside the window of its own `@`."""
+def _at_starts(scratch: _Scratch) -> list[Span]:
+    """Where an EMAIL match can start, one window per `@`: at the first character of the run of
+    local-part characters that ends at the `@` (the pattern's look-behind allows no other start),
+    up to the end of the domain characters after it plus the look-ahead character. A run longer
+    than the longest local part cannot match (a later start fails the look-behind): no window."""
     if "at" not in scratch.cache:
         ascii_ = scratch.ascii
+        local = ascii_.translate(_LOCAL_TABLE)
         n = len(ascii_)
         out: list[Span] = []
         pos = ascii_.find(b"@")
         while pos >= 0:
-            run = _DOMAIN_RUN.match(ascii_, pos + 1)
-            end = run.end() if run is not None else pos + 1
-            out.append((max(0, pos - EMAIL_LOCAL_MAX - 1), min(n, end + 1)))
+            low = max(0, pos - EMAIL_LOCAL_MAX - 1)
+            start = local.rfind(b" ", low, pos) + 1
+            if start == 0 and low > 0:
+                start = -1  # no boundary within reach: the run is too long to be a local part
+            if 0 <= start < pos:
+                run = _DOMAIN_RUN.match(ascii_, pos + 1)
+                end = run.end() if run is not None else pos + 1
+                out.append((start, min(n, end + 1)))
             pos = ascii_.find(b"@", pos + 1)
         scratch.cache["at"] = out
     return scratch.cache["at"]
@@ -1357,7 +1366,7 @@ def _keyword_identifiers(scratch: _Scratch, *, any_follower: bool = False) -> li
 Anchor = Callable[[_Scratch], list[Span]]
 ANCHORS: dict[str, Anchor] = {
     "token_runs_20": _token_runs_20,
-    "at_signs": _at_signs,
+    "at_starts": _at_starts,
     "token_runs_40": _token_runs_40,
     "keyword_identifiers": _keyword_identifiers,
     "all_keyword_identifiers": _all_keyword_identifiers,
@@ -1528,7 +1537,8 @@ DETECTORS: tuple[Detector, ...] = (
         ),
         validator="email",
         triggers=("@",),
-        anchor="at_signs",
+        anchor="at_starts",
+        anchored=True,
     ),
     Detector(
         "iban",
