@@ -14,6 +14,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -69,6 +70,14 @@ class Runtime:
     trust_tenant_header: bool = False
     metrics: Metrics = field(default_factory=Metrics)
     ocr: OcrPool | None = None  # None: media masking refuses (422)
+    # Large bodies are read here, one at a time: several at once in one process only fight over
+    # the GIL (slower each, and each holding its parsed copies in memory at the same time).
+    large_bodies: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="body")
+    )
+
+    async def offload(self, call: Callable[..., _T], *args: Any) -> _T:
+        return await asyncio.get_running_loop().run_in_executor(self.large_bodies, call, *args)
 
 
 @dataclass(slots=True)
@@ -156,7 +165,7 @@ class Exchange:
         if offload:
             # Reading a large body takes long enough to starve the health checks and the other
             # exchanges of this worker; a thread keeps the event loop answering.
-            response = await asyncio.to_thread(self.handle, request)
+            response = await self.runtime.offload(self.handle, request)
         else:
             response = self.handle(request)
         if self.admin_request is not None:
@@ -524,7 +533,7 @@ class Exchange:
                 self.runtime.metrics.observe("cordon_ocr_pass_seconds", seconds)
         try:
             if offload:
-                response = await asyncio.to_thread(self.subject_finish, raw, doc)
+                response = await self.runtime.offload(self.subject_finish, raw, doc)
             else:
                 response = self.subject_finish(raw, doc)
         except Refusal as refusal:
