@@ -118,16 +118,20 @@ def routes(doc: dict[str, Any]) -> Iterator[dict[str, Any]]:
 # --- the rendered bootstrap ---------------------------------------------------------------------
 
 
-def test_envoy_validates_the_bootstrap(rendered: Rendered) -> None:
-    """The real Envoy accepts the rendered file (`--mode validate`)."""
+def assert_envoy_accepts(path: Path) -> None:
     result = subprocess.run(
-        [envoy_binary(), "--mode", "validate", "-c", str(rendered.path), "--log-level", "warn"],
+        [envoy_binary(), "--mode", "validate", "-c", str(path), "--log-level", "warn"],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_envoy_validates_the_bootstrap(rendered: Rendered) -> None:
+    """The real Envoy accepts the rendered file (`--mode validate`)."""
+    assert_envoy_accepts(rendered.path)
 
 
 def test_two_listeners_with_the_settings_addresses(rendered: Rendered) -> None:
@@ -328,14 +332,7 @@ def test_bench_listener_has_the_same_routes_and_clusters(with_bench: Rendered, t
 
 def test_envoy_validates_the_bootstrap_with_a_bench_listener(with_bench: Rendered) -> None:
     """The real Envoy accepts the third listener (its routes still name the ext_proc per-route config)."""
-    result = subprocess.run(
-        [envoy_binary(), "--mode", "validate", "-c", str(with_bench.path), "--log-level", "warn"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert_envoy_accepts(with_bench.path)
 
 
 def test_a_taken_bench_port_stops_the_stack_before_it_starts(tmp_path: Path) -> None:

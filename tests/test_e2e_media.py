@@ -137,6 +137,10 @@ def test_anthropic_image_is_masked_through_the_sdk(stack: RunningStack, upstream
         assert_masked(source["data"])
 
 
+def anthropic_user(block: dict[str, Any]) -> dict[str, Any]:
+    return {"model": "claude-sonnet-4-6", "max_tokens": 5, "messages": [{"role": "user", "content": [block]}]}
+
+
 REFUSED: list[tuple[str, str, dict[str, Any], str]] = [
     ("image by URL", CHAT, chat_image("https://img.example.invalid/shot.png"), "url"),
     (
@@ -167,45 +171,20 @@ REFUSED: list[tuple[str, str, dict[str, Any], str]] = [
     (
         "pdf",
         "/v1/messages",
-        {
-            "model": "claude-sonnet-4-6",
-            "max_tokens": 5,
-            "messages": [
-                {
-                    "role": "user",
-                    "content": [
-                        {
-                            "type": "document",
-                            "source": {
-                                "type": "base64",
-                                "media_type": "application/pdf",
-                                "data": "JVBERi0xLjQ=",
-                            },
-                        }
-                    ],
-                }
-            ],
-        },
+        anthropic_user(
+            {
+                "type": "document",
+                "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0xLjQ="},
+            }
+        ),
         "document",
     ),
     (
         "anthropic image by url",
         "/v1/messages",
-        {
-            "model": "claude-sonnet-4-6",
-            "max_tokens": 5,
-            "messages": [
-                {
-                    "role": "user",
-                    "content": [
-                        {
-                            "type": "image",
-                            "source": {"type": "url", "url": "https://img.example.invalid/a.png"},
-                        }
-                    ],
-                }
-            ],
-        },
+        anthropic_user(
+            {"type": "image", "source": {"type": "url", "url": "https://img.example.invalid/a.png"}}
+        ),
         "url",
     ),
     ("image type lies", CHAT, chat_image(data_url(PNG, "image/jpeg")), "does not match"),
