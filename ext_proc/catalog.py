@@ -763,6 +763,8 @@ def _high_entropy(text: str, m: regex.Match[str], span: Span, _o: Options) -> It
             start = escape.end()
     for piece in _all(_ENTROPY_PIECE, text, start, span[1]):
         value = piece.group()
+        if len(value) >= MEDIA_MIN_LENGTH and is_media_base64(value):
+            continue  # an image or document as base64, before any `/` in it is taken for a path
         if "/" in value and _is_path(value):
             # A URL or file path: only a long segment of it can be a secret.
             for segment in _all(_PATH_SEGMENT, text, piece.start(), piece.end()):

@@ -119,6 +119,22 @@ def api_keys(headers: Headers) -> list[str]:
     return [key for key in keys if key]
 
 
+def ocr_can_read(header: SubjectHeader) -> bool:
+    """Whether every letter of every declared value is Latin (the tesseract model here is `eng`):
+    a name in Cyrillic or Han would be painted over by no reading, so such requests are refused."""
+    for subject in header.subjects:
+        for values in subject.values.values():
+            for value in values:
+                if any(ch.isalpha() and ord(ch) > 0x24F and ch not in LATIN_EXTENDED_EXTRA for ch in value):
+                    return False
+    return True
+
+
+LATIN_EXTENDED_EXTRA = frozenset(
+    "ḀḁẞẠạẢảẤấẦầẨẩẪẫẬậẮắẰằẲẳẴẵẶặẸẹẺẻẼẽẾếỀềỂểỄễỆệỈỉỊịỌọỎỏỐốỒồỔổỖỗỘộỚớỜờỞởỠỡỢợỤụỦủỨứỪừỬửỮữỰựỲỳỴỵỶỷỸỹ"
+)
+
+
 def _declared_type(part: MediaPart) -> str | None:
     """The media type a base64 part declares beside it (Anthropic `media_type`), if any."""
     value = part.container.get("media_type")
@@ -489,6 +505,13 @@ class Exchange:
                 )
         if len(parts) > pool.max_images:
             raise Refusal(422, "media", f"more than {pool.max_images} images to mask in one request")
+        assert self.header is not None
+        if not ocr_can_read(self.header):
+            raise Refusal(
+                422,
+                "media",
+                "a declared identifier is written in a script the OCR here cannot read; media: mask",
+            )
         return parts
 
     async def finish_masked(self, offload: bool) -> pb.ProcessingResponse:

@@ -29,19 +29,31 @@ class MediaPart:
 
     @property
     def is_bytes(self) -> bool:
-        return self.source in ("base64", "data_url")
+        """Payload bytes, exempt from the text walk: a checked binary data: URL, or a string of
+        base64 characters at a base64 position. Anything else there is read as text."""
+        if self.source == "data_url":
+            return True
+        return self.source == "base64" and is_base64(self.container[self.key])
 
 
-# A data: URL is payload bytes only when it says so: base64 of a binary media type. Anything else
-# (`data:text/plain,…`, a non-base64 URL) is text, and is read as text.
+# A data: URL is payload bytes only when it says so, strictly: `data:<binary type>;base64,` and
+# nothing else before the comma (a parameter such as `name=…` is text a caller wrote, and is read),
+# followed by base64 only. Anything else (`data:text/plain,…`, parameters, a payload that is not
+# base64) is text, and is read as text.
 BINARY_DATA_URL = regex.compile(
-    r"(?i)data:(?:image|audio|video)/[a-z0-9.+\-]+(?:;[^,;]*)*;base64,"
-    r"|data:application/(?:pdf|octet-stream)(?:;[^,;]*)*;base64,"
+    r"(?i)data:(?:(?:image|audio|video)/[a-z0-9.+\-]+|application/(?:pdf|octet-stream));base64,"
 )
+_BASE64 = regex.compile(r"[A-Za-z0-9+/=\s]*")
+
+
+def is_base64(value: str, start: int = 0) -> bool:
+    """`value[start:]` holds base64 characters (and line breaks) only."""
+    return _BASE64.fullmatch(value, start) is not None
 
 
 def _is_data_url(value: str) -> bool:
-    return BINARY_DATA_URL.match(value[:200]) is not None
+    m = BINARY_DATA_URL.match(value[:200])
+    return m is not None and is_base64(value, m.end())
 
 
 def _str_at(container: object, key: str) -> bool:
@@ -218,6 +230,12 @@ def any_media(doc: object) -> Iterator[MediaPart]:
     read as text (they carry no text to read).
     """
     yield from _any_media(doc, 0)
+    if isinstance(doc, dict):
+        # Items of the Responses shape sent to an endpoint this code has no schema for
+        # (`/v1/responses/compact`, conversation items): their generated images are media.
+        for item in _dicts(doc.get("input")) if "input" in doc else _dicts(doc.get("items")):
+            if item.get("type") == "image_generation_call" and _str_at(item, "result"):
+                yield MediaPart("image", "base64", item, "result")
 
 
 def _any_media(value: object, depth: int) -> Iterator[MediaPart]:

@@ -8,9 +8,14 @@ tesseract itself runs as a child process, so the event loop never waits on it):
    decoded: a decompression bomb is refused, not inflated), one frame only (the other frames of
    an animation would go out unread). A declared type (data: URL, Anthropic `media_type`) must
    match what the bytes are.
-2. **Read** it with tesseract (`image_to_data`: words with boxes). The image is read as grayscale,
-   inverted when it is dark (tesseract reads dark text on light ground best) and enlarged when
-   small; boxes are mapped back to the original pixels.
+2. **Normalise** it once to what a viewer sees, in 8-bit grayscale: EXIF orientation applied,
+   transparency laid on white, 16-bit samples scaled down, colour folded to luminance. That image
+   is both what is read and what is sent (a masked image goes out in grey): no reader can see
+   what tesseract did not (text only in the alpha channel, isoluminant colours, clipped 16-bit
+   values, a sideways photo).
+   **Read** it with tesseract (`image_to_data`: words with boxes), inverted when it is dark
+   (tesseract reads dark text on light ground best) and enlarged when small (within a pixel
+   budget); boxes are mapped back to the original pixels.
 3. **Find**: the recognised words are joined into lines (their offsets kept), the catalog and the
    declared-subject matchers run over the text, and every word a finding overlaps is marked. The
    subject matchers ignore separators, so an identifier split into several words by OCR still
@@ -42,6 +47,7 @@ import pytesseract
 import regex
 from PIL import Image, ImageDraw, ImageOps, UnidentifiedImageError
 
+from ext_proc.errors import DetectionError
 from ext_proc.findings import Finding
 from ext_proc.normalize import fold
 
@@ -55,7 +61,9 @@ MAX_IMAGE_BYTES = 20 * 1024 * 1024
 MAX_PIXELS = 40_000_000
 MAX_ROUNDS = 2
 MARGIN = 3  # px painted around each word box
-SMALL_SIDE = 700  # images whose shorter side is below this are read at 2x
+SMALL_SIDE = 700  # images whose shorter side is below this are read at 2x ...
+UPSCALE_MAX_PIXELS = 16_000_000  # ... unless that would make them larger than this
+TESSERACT_MAX_SIDE = 32_000  # tesseract refuses images with a side over 32767 pixels
 
 
 class MaskError(Exception):
@@ -155,6 +163,32 @@ def open_image(data: bytes, declared: str | None) -> tuple[Image.Image, str]:
     return image, fmt
 
 
+def normalize(image: Image.Image) -> Image.Image:
+    """The image as it is seen, in 8-bit grayscale: EXIF orientation applied, transparency laid on
+    white, 16-bit samples scaled to 8, colour folded to luminance.
+
+    This is what is read *and* what is sent: a model is never shown pixels tesseract did not see
+    (text drawn only in the alpha channel, red on green of equal luminance, a 16-bit image whose
+    values a reader would clip, a sideways photo). The price: a masked image goes out in grey.
+    """
+    image = ImageOps.exif_transpose(image) or image
+    if image.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
+        peak = image.getextrema()[1] if image.mode == "I" else 65535
+        factor = 255 / 65535 if peak > 255 else 1
+        image = image.point(lambda v: v * factor).convert("L")  # type: ignore[operator]
+    elif image.mode == "F":
+        image = image.convert("L")
+    has_alpha = image.mode in ("RGBA", "LA", "PA", "RGBa", "La") or (
+        image.mode == "P" and "transparency" in image.info
+    )
+    if has_alpha:
+        rgba = image.convert("RGBA")
+        ground = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        ground.alpha_composite(rgba)
+        image = ground
+    return image.convert("L")
+
+
 def encode_image(image: Image.Image, fmt: str) -> bytes:
     """The pixels alone, in `fmt`: no EXIF, no text chunks, no ICC profile, no comments."""
     out = io.BytesIO()
@@ -167,9 +201,11 @@ def encode_image(image: Image.Image, fmt: str) -> bytes:
         clean.info = {}
         clean.save(out, "PNG", optimize=False)
     elif fmt == "WEBP":
-        clean = image.convert("RGBA") if image.mode not in ("RGB", "RGBA") else image.copy()
+        clean = image.convert("RGB") if image.mode not in ("RGB", "RGBA") else image.copy()
         clean.info = {}
-        clean.save(out, "WEBP", lossless=True, exif=b"", icc_profile=None)
+        # Lossy at high quality: lossless WebP of a photo can be five times the input, past the
+        # providers' per-image limits. What is sent is read again when anything was painted.
+        clean.save(out, "WEBP", quality=90, exif=b"", icc_profile=None)
     else:  # GIF
         clean = image.copy()
         clean.info = {}
@@ -182,19 +218,25 @@ def encode_image(image: Image.Image, fmt: str) -> bytes:
 
 def read_words(image: Image.Image, *, timeout: float) -> list[Word]:
     """One tesseract pass: the recognised words with their boxes in `image`'s pixels."""
-    gray = ImageOps.grayscale(image.convert("RGBA").convert("RGB")) if image.mode != "L" else image
+    gray = image if image.mode == "L" else normalize(image)
+    if max(gray.size) > TESSERACT_MAX_SIDE:
+        raise MaskError(f"an image side is longer than {TESSERACT_MAX_SIDE} pixels; OCR cannot read it")
     if sum(gray.histogram()[:96]) > gray.width * gray.height / 2:
         gray = ImageOps.invert(gray)  # mostly dark: light text on dark ground
-    scale = 2 if min(gray.size) < SMALL_SIDE else 1
+    small = min(gray.size) < SMALL_SIDE
+    fits = gray.width * gray.height * 4 <= UPSCALE_MAX_PIXELS and max(gray.size) * 2 <= TESSERACT_MAX_SIDE
+    scale = 2 if small and fits else 1
     if scale != 1:
         gray = gray.resize((gray.width * scale, gray.height * scale), Image.Resampling.LANCZOS)
     try:
         data = pytesseract.image_to_data(
             gray, output_type=pytesseract.Output.DICT, timeout=max(1.0, timeout), nice=5
         )
-    except RuntimeError:  # pytesseract's timeout
-        raise OcrTimeout("OCR did not finish within the budget") from None
-    except pytesseract.TesseractError:
+    except pytesseract.TesseractError:  # a RuntimeError too: caught first
+        raise MaskError("OCR failed on an image") from None
+    except RuntimeError as exc:
+        if "timeout" in str(exc).lower():  # pytesseract's own timeout
+            raise OcrTimeout("OCR did not finish within the budget") from None
         raise MaskError("OCR failed on an image") from None
     words: list[Word] = []
     for i, text in enumerate(data["text"]):
@@ -252,7 +294,11 @@ def find_words(
     text, spans = lines_text(words)
     marked: set[int] = set()
     for detect in detectors:
-        for finding in detect(text):
+        try:
+            findings = detect(text)
+        except (TimeoutError, DetectionError):
+            raise MaskError("detection on the recognised text did not finish") from None
+        for finding in findings:
             marked.update(i for start, end, i in spans if start < finding.end and finding.start < end)
     if fuzzy is not None:
         # Per line, on the letters and digits only, so a misread inside a split identifier is
@@ -303,6 +349,7 @@ def mask_image(
     identifier painted over, after a clean re-reading; MaskError otherwise."""
     data, url_type, prefix = decode_payload(payload)
     image, fmt = open_image(data, url_type or declared)
+    image = normalize(image)  # read and sent alike
     result = MaskResult(b"", FORMATS[fmt])
 
     def read(img: Image.Image) -> list[Word]:
@@ -328,7 +375,7 @@ def mask_image(
         result.masked_words += len(marked)
         image = paint(image, words, marked)
         encoded = encode_image(image, fmt)
-        image, _ = open_image(encoded, None)  # read exactly what would be sent
+        image = normalize(open_image(encoded, None)[0])  # read exactly what would be sent
         words = read(image)
         marked = find_words(words, detectors, fuzzy)
     result.payload = encoded

@@ -117,3 +117,33 @@ def write_example(directory: Path) -> tuple[Path, Path]:
 if __name__ == "__main__":
     for path in write_example(Path(__file__).parent / "data"):
         print(path)
+
+
+def independent_readings(data: bytes) -> list[str]:
+    """What a viewer could see in an image, read by tesseract without ext_proc's own reader: the
+    image upright (EXIF applied), laid on white and on black, and each colour channel alone, with
+    16-bit samples scaled. The masking tests check these, not the masker's own reading."""
+    import pytesseract
+    from PIL import ImageOps
+
+    from ext_proc import ocr
+
+    pytesseract.pytesseract.tesseract_cmd = ocr.tesseract_command()
+    image = Image.open(io.BytesIO(data))
+    image = ImageOps.exif_transpose(image) or image
+    if image.mode.startswith("I"):
+        image = image.point(lambda v: v * (255 / 65535)).convert("L")  # type: ignore[operator]
+    views: list[Image.Image] = []
+    rgba = image.convert("RGBA")
+    for ground in ((255, 255, 255, 255), (0, 0, 0, 255)):
+        laid = Image.new("RGBA", rgba.size, ground)
+        laid.alpha_composite(rgba)
+        views.append(laid.convert("RGB"))
+    views += list(rgba.convert("RGB").split())
+    words: list[str] = []
+    for view in views:
+        gray = view.convert("L")
+        if sum(gray.histogram()[:96]) > gray.width * gray.height / 2:
+            gray = ImageOps.invert(gray)
+        words += pytesseract.image_to_string(gray, timeout=60).split()
+    return words

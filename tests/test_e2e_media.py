@@ -369,3 +369,31 @@ def test_over_the_ocr_budget_is_refused_not_hung(tight: RunningStack) -> None:
     }
     reply = request(tight.settings.listen_port, "POST", CHAT, too_many, {**MASK, **subject()}, timeout=60)
     assert reply.status == 422 and "more than 16 images" in reply.json()["error"]["message"]
+
+
+def test_data_url_parameters_and_non_base64_payloads_are_read_as_text(
+    stack: RunningStack, upstream: FakeUpstream
+) -> None:
+    """Only `data:<type>;base64,` followed by base64 is payload. A parameter (a file name) or a
+    payload that is not base64 is text a caller wrote: read, redacted, or refused; never skipped."""
+    named = "data:image/png;name=Marisol Quintero-Vance passport.png;base64," + b64(PNG)
+    not_base64 = "data:image/png;base64,Marisol Quintero-Vance mq@example.com"
+    port = stack.settings.listen_port
+    # Under mask, a part that is not a readable image is refused.
+    reply = request(port, "POST", CHAT, chat_image(named), {**MASK, **subject()}, timeout=60)
+    assert reply.status == 422 and reply.json()["error"]["stage"] == "media"
+    # Under allow, both strings are walked as text: the upstream never sees the declared values.
+    allow = {"authorization": f"Bearer {KEYS['allow-media']}", **subject()}
+    for url in (named, not_base64):
+        upstream.clear()
+        reply = request(port, "POST", CHAT, chat_image(url), allow, timeout=60)
+        if reply.status == 200:
+            sent = upstream.received[0].text()
+            assert "Marisol" not in sent and "Quintero" not in sent and "mq@example.com" not in sent
+        else:
+            assert reply.status == 422 and upstream.received == []
+    # Without subjects, a catalog value in a parameter is redacted like any text.
+    upstream.clear()
+    leaky = "data:image/png;author=jane.roe@example.com;base64," + b64(PNG)
+    assert request(port, "POST", CHAT, chat_image(leaky), timeout=60).status == 200
+    assert "jane.roe@example.com" not in upstream.received[0].text()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import io
 import time
+from collections.abc import Callable
 
 import pytest
 from PIL import Image, PngImagePlugin
@@ -14,7 +15,17 @@ from ext_proc.catalog import Catalog
 from ext_proc.subject_header import encode_subject_header, parse_subject_header
 from ext_proc.subjects import compile_subjects
 from tests.e2e_support import PERSON
-from tests.screenshots import Style, b64, data_url, encode, legible, render, styles
+from tests.screenshots import (
+    LINES,
+    Style,
+    b64,
+    data_url,
+    encode,
+    independent_readings,
+    legible,
+    render,
+    styles,
+)
 
 HEADER = parse_subject_header(encode_subject_header({"subjects": [PERSON]}))
 SUBJECTS = compile_subjects(HEADER)
@@ -150,3 +161,120 @@ def test_an_identifier_split_across_words_is_found() -> None:
         for i, text in enumerate(["call", "404", "555-", "0187", "now"])
     ]
     assert ocr.find_words(words, DETECTORS, None) == {1, 2, 3}
+
+
+# --- third review (issue 5): what a viewer sees, read independently -------------------------
+
+
+def masked_bytes(payload: str) -> bytes:
+    masked, _ = mask(payload)
+    return base64.b64decode(masked.split(",", 1)[1] if masked.startswith("data:") else masked)
+
+
+def text_layer(color: tuple[int, ...], size: tuple[int, int] = (640, 240)) -> Image.Image:
+    """The screenshot's text alone, drawn in `color` on a fully transparent ground."""
+    from PIL import ImageDraw, ImageFont
+
+    image = Image.new("RGBA", size, (0, 0, 0, 0))
+    draw = ImageDraw.Draw(image)
+    font = ImageFont.load_default(size=20)
+    for i, line in enumerate(LINES):
+        draw.text((20, 20 + i * 36), line, font=font, fill=color)
+    return image
+
+
+def sixteen_bit() -> Image.Image:
+    return render(styles()[0]).convert("L").convert("I").point(lambda v: v * 257).convert("I;16")
+
+
+def isoluminant() -> Image.Image:
+    ground = Image.new("RGBA", (640, 240), (0, 130, 0, 255))
+    return Image.alpha_composite(ground, text_layer((255, 0, 0, 255))).convert("RGB")
+
+
+# (case, image, format, whether the ordinary words must still be legible afterwards: not when the
+# flattened grey image is blank, as white text laid on white or colours of equal luminance are)
+CASES: list[tuple[str, Callable[[], Image.Image], str, bool]] = [
+    ("black text in alpha, PNG", lambda: text_layer((0, 0, 0, 255)), "PNG", True),
+    ("black text in alpha, WebP", lambda: text_layer((0, 0, 0, 255)), "WEBP", True),
+    ("white text in alpha, PNG", lambda: text_layer((255, 255, 255, 255)), "PNG", False),
+    ("grey text in LA", lambda: text_layer((40, 40, 40, 255)).convert("LA"), "PNG", True),
+    ("red on green of equal luminance", isoluminant, "PNG", False),
+    ("16-bit grayscale", sixteen_bit, "PNG", True),
+    ("palette with transparency", lambda: text_layer((0, 0, 0, 255)).convert("P"), "PNG", True),
+]
+
+
+@pytest.mark.parametrize(("name", "make", "fmt", "keeps_words"), CASES, ids=[c[0] for c in CASES])
+def test_what_a_viewer_could_read_is_masked(
+    name: str, make: Callable[[], Image.Image], fmt: str, keeps_words: bool
+) -> None:
+    image = make()
+    data = encode(image, fmt)
+    before = legible(independent_readings(data))[0]
+    assert before, f"{name}: the test image must be legible to a viewer"
+    after = masked_bytes(data_url(data, ocr.FORMATS[fmt]))
+    secrets_after, ordinary_after = legible(independent_readings(after))
+    assert secrets_after == [], name
+    if keeps_words:
+        assert len(ordinary_after) >= 4, (name, ordinary_after)  # masked, not blanked
+
+
+def test_a_sideways_photo_is_read_upright_and_sent_upright() -> None:
+    rotated = render(styles()[0]).rotate(90, expand=True)  # stored sideways ...
+    exif = Image.Exif()
+    exif[0x0112] = 6  # ... and tagged: turn 90° clockwise to view
+    data = encode(rotated, "JPEG", exif=exif.tobytes(), quality=95)
+    assert legible(independent_readings(data))[0]
+    after = masked_bytes(data_url(data, "image/jpeg"))
+    reopened = Image.open(io.BytesIO(after))
+    assert not reopened.getexif().get(0x0112) and reopened.width > reopened.height  # upright now
+    assert legible(independent_readings(after))[0] == []
+
+
+def test_tesseract_failures_are_not_budget_timeouts() -> None:
+    tall = Image.new("L", (200, 33000), 255)
+    with pytest.raises(ocr.MaskError, match="longer than") as raised:
+        mask(data_url(encode(tall, "PNG"), "image/png"))
+    assert not isinstance(raised.value, ocr.OcrTimeout)
+
+
+def test_our_pixel_cap_refuses_below_pillows_own() -> None:
+    """64 megapixels: under Pillow's bomb limit, over ours (40): refused from the header."""
+    small = encode(Image.new("L", (1, 1), 255), "PNG")
+    import struct
+    import zlib
+
+    ihdr = b"IHDR" + struct.pack(">II", 8000, 8000) + small[24:29]
+    bomb = small[:8] + struct.pack(">I", 13) + ihdr + struct.pack(">I", zlib.crc32(ihdr)) + small[33:]
+    with pytest.raises(ocr.MaskError, match="pixels"):
+        mask(data_url(bomb, "image/png"))
+
+
+def test_the_pool_budget_ends_a_request() -> None:
+    import asyncio
+
+    pool = ocr.OcrPool(workers=1, budget=0.3, max_images=16)
+    payload = data_url(encode(render(styles()[0]), "PNG"), "image/png")
+    try:
+        with pytest.raises(ocr.OcrTimeout):
+            asyncio.run(pool.mask_all([(payload, None)] * 3, DETECTORS, FUZZY))
+    finally:
+        pool.shutdown()
+
+
+def test_screenshots_in_tool_inputs_are_never_taken_for_secrets() -> None:
+    """Base64 of an image whose `/` runs look like a path used to be split and redacted piecewise."""
+    for i in range(40):
+        lines = [f"Report {i}: parcel volumes by week", "Denver, Boulder and Aurora depots", "x" * (i % 7)]
+        blob = b64(encode(render(styles()[i % 3], lines), "PNG"))
+        assert not [f for f in CATALOG.detect(blob) if f.kind == "HIGH_ENTROPY"], i
+
+
+def test_a_script_ocr_cannot_read_refuses_mask() -> None:
+    from ext_proc.exchange import ocr_can_read
+
+    latin = parse_subject_header(encode_subject_header({"subjects": [{"names": ["Marisol Quintero-Vance"]}]}))
+    accented = parse_subject_header(encode_subject_header({"subjects": [{"names": ["Zoë Ðặng Núñez"]}]}))
+    cyrillic = parse_subject_header(encode_subject_header({"subjects": [{"names": ["Марисоль Кинтеро"]}]}))
+    assert ocr_can_read(latin) and ocr_can_read(accented) and not ocr_can_read(cyrillic)
