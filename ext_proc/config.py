@@ -97,6 +97,20 @@ def _secret(env: Mapping[str, str], name: str) -> str | None:
     return raw
 
 
+MIN_ADMIN_TOKEN_CHARS = 16
+
+
+def _admin_token(env: Mapping[str, str]) -> str | None:
+    """ADMIN_TOKEN without surrounding whitespace (a trailing newline from a Secret file would
+    never match a bearer token), and long enough not to be guessed."""
+    token = env.get("ADMIN_TOKEN", "").strip()
+    if not token:
+        return None
+    if len(token) < MIN_ADMIN_TOKEN_CHARS:
+        raise ConfigError(f"ADMIN_TOKEN is too weak: use at least {MIN_ADMIN_TOKEN_CHARS} random characters")
+    return token
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     listen_address: str
@@ -151,7 +165,7 @@ class Settings:
             policy_dir=Path(env.get("POLICY_DIR", "policies")),
             openai_upstream=parse_upstream("openai", openai) if openai else None,
             anthropic_upstream=parse_upstream("anthropic", anthropic) if anthropic else None,
-            admin_token=env.get("ADMIN_TOKEN") or None,
+            admin_token=_admin_token(env),
             tenant_secret=env.get("TENANT_SECRET") or None,
             trust_tenant_header=_bool(env, "TRUST_TENANT_HEADER", False),
             max_body_bytes=_int(env, "MAX_BODY_BYTES", 33554432, low=1024, high=2**30),

@@ -412,6 +412,13 @@ def test_parse_upstream(url: str, scheme: str, host: str, port: int) -> None:
         ({"TRUST_TENANT_HEADER": "2"}, "TRUST_TENANT_HEADER"),
         ({"BENCH_LISTEN_PORT": "0"}, "BENCH_LISTEN_PORT"),
         ({"BENCH_LISTEN_PORT": "bench"}, "BENCH_LISTEN_PORT"),
+        ({"ADMIN_TOKEN": "short"}, "ADMIN_TOKEN"),
+        ({"RECEIPT_SECRET": "not-long-enough"}, "RECEIPT_SECRET"),
+        ({"RECEIPT_SECRET": "a" * 40}, "RECEIPT_SECRET"),  # long but not random
+        ({"REDIS_TIMEOUT_MS": "5"}, "REDIS_TIMEOUT_MS"),
+        ({"OCR_WORKERS": "0"}, "OCR_WORKERS"),
+        ({"OCR_BUDGET_SECONDS": "300"}, "OCR_BUDGET_SECONDS"),
+        ({"METRICS_PORT": "0"}, "METRICS_PORT"),
     ],
 )
 def test_bad_settings_raise_config_error(env: dict[str, str], names: str) -> None:
@@ -435,6 +442,16 @@ def test_bad_settings_raise_config_error(env: dict[str, str], names: str) -> Non
 def test_booleans(raw: str, value: bool) -> None:
     """Boolean settings take the usual spellings."""
     assert Settings.from_env({"TRUST_TENANT_HEADER": raw}).trust_tenant_header is value
+
+
+def test_secrets_are_trimmed_and_never_echoed() -> None:
+    """A Secret mounted as a file ends with a newline; the token is compared without it. A weak
+    secret's error names the setting, not the value."""
+    token = "tok-0123456789abcdef-tok"
+    assert Settings.from_env({"ADMIN_TOKEN": token + "\n"}).admin_token == token
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({"ADMIN_TOKEN": "hunter2"})
+    assert "hunter2" not in str(info.value)
 
 
 def test_upstream_error_names_no_secret() -> None:
