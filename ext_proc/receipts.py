@@ -503,12 +503,7 @@ class ReceiptStore:
             # queued meanwhile is handed to a drain task afterwards.
             self._writing.add(tenant)
             try:
-                async with asyncio.timeout_at(deadline):
-                    return (await self._append_locked(tenant, [receipt_fields], deadline))[0]
-            except TimeoutError as exc:
-                raise ReceiptError(f"receipt append did not finish within {self._timeout}s") from exc
-            except (RedisError, OSError) as exc:
-                raise ReceiptError(f"Redis failed: {type(exc).__name__}") from exc
+                return (await self._write(tenant, [receipt_fields], deadline))[0]
             finally:
                 self._writing.discard(tenant)
                 if queue:
@@ -522,7 +517,20 @@ class ReceiptStore:
         except TimeoutError as exc:
             if item in queue:
                 queue.remove(item)
-            raise ReceiptError(f"receipt append did not finish within {self._timeout}s") from exc
+            raise self._timed_out() from exc
+
+    def _timed_out(self) -> ReceiptError:
+        return ReceiptError(f"receipt append did not finish within {self._timeout}s")
+
+    async def _write(self, tenant: str, batch: list[ReceiptFields], deadline: float) -> list[Receipt]:
+        """`_append_locked` within `deadline`, every failure as a ReceiptError."""
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await self._append_locked(tenant, batch, deadline)
+        except TimeoutError as exc:
+            raise self._timed_out() from exc
+        except (RedisError, OSError) as exc:
+            raise ReceiptError(f"Redis failed: {type(exc).__name__}") from exc
 
     def _start_drain(self, tenant: str) -> None:
         self._writing.add(tenant)
@@ -550,14 +558,9 @@ class ReceiptStore:
         """Write `batch` in order; every future gets its Receipt or the same ReceiptError."""
         deadline = min(item[2] for item in batch)
         try:
-            async with asyncio.timeout_at(deadline):
-                receipts = await self._append_locked(tenant, [item[0] for item in batch], deadline)
-        except TimeoutError:
-            _fail(batch, ReceiptError(f"receipt append did not finish within {self._timeout}s"))
+            receipts = await self._write(tenant, [item[0] for item in batch], deadline)
         except ReceiptError as exc:
             _fail(batch, exc)
-        except (RedisError, OSError) as exc:
-            _fail(batch, ReceiptError(f"Redis failed: {type(exc).__name__}"))
         except BaseException:
             _fail(batch, ReceiptError("receipt append interrupted"))
             raise
@@ -604,7 +607,7 @@ class ReceiptStore:
             if status == -1:
                 raise ReceiptError("the chain head key is missing while the stream has records")
             if status == 3:
-                raise ReceiptError(f"receipt append did not finish within {self._timeout}s (fenced)")
+                raise self._timed_out()  # the script ran past its fence and wrote nothing
             self.races_lost += 1
             prev = _text(answer[1])
             self._heads[tenant] = prev
