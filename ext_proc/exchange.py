@@ -21,14 +21,14 @@ from typing import Any, TypeVar
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from ext_proc import admin, envoy
-from ext_proc.bootstrap import ADMIN_ROUTE
+from ext_proc.bootstrap import ADMIN_ROUTE, FILTER_HEADERS
 from ext_proc.catalog import Catalog
 from ext_proc.dialects import RouteInfo, classify
 from ext_proc.egress import check_body
 from ext_proc.errors import DetectionError, Refusal, describe
 from ext_proc.media import MediaPart
 from ext_proc.metrics import Metrics
-from ext_proc.ocr import MaskError, OcrPool, OcrTimeout
+from ext_proc.ocr import MaskError, OcrPool, OcrTimeout, ocr_can_read
 from ext_proc.placeholders import PlaceholderMap
 from ext_proc.policy import MEDIA_STRICTNESS, MODE_STRICTNESS, MODES, Policy, PolicySet, less_strict_knobs
 from ext_proc.receipts import Decision, Egress, ReceiptError, ReceiptFields, ReceiptStore, ref_digest
@@ -49,7 +49,7 @@ TENANT_HEADER = "x-tenant"
 MODE_HEADER = "x-redact-mode"
 RECEIPT_HEADER = "x-cordon-receipt"
 # Never forwarded: the filter's own headers, and accept-encoding so replies arrive readable.
-REMOVED_REQUEST_HEADERS = ("x-cordon-subject", "x-tenant", "x-redact-mode", "accept-encoding")
+REMOVED_REQUEST_HEADERS = (*FILTER_HEADERS, "accept-encoding")
 TEXT_TYPES = ("application/json", "text/", "application/problem+json")
 # Headers a subject request's identifiers are not looked for in: credentials (random strings that
 # could spell a short id by chance), the header itself (removed) and framing.
@@ -119,22 +119,6 @@ def api_keys(headers: Headers) -> list[str]:
     return [key for key in keys if key]
 
 
-def ocr_can_read(header: SubjectHeader) -> bool:
-    """Whether every letter of every declared value is Latin (the tesseract model here is `eng`):
-    a name in Cyrillic or Han would be painted over by no reading, so such requests are refused."""
-    for subject in header.subjects:
-        for values in subject.values.values():
-            for value in values:
-                if any(ch.isalpha() and ord(ch) > 0x24F and ch not in LATIN_EXTENDED_EXTRA for ch in value):
-                    return False
-    return True
-
-
-LATIN_EXTENDED_EXTRA = frozenset(
-    "ḀḁẞẠạẢảẤấẦầẨẩẪẫẬậẮắẰằẲẳẴẵẶặẸẹẺẻẼẽẾếỀềỂểỄễỆệỈỉỊịỌọỎỏỐốỒồỔổỖỗỘộỚớỜờỞởỠỡỢợỤụỦủỨứỪừỬửỮữỰựỲỳỴỵỶỷỸỹ"
-)
-
-
 def _declared_type(part: MediaPart) -> str | None:
     """The media type a base64 part declares beside it (Anthropic `media_type`), if any."""
     value = part.container.get("media_type")
@@ -161,6 +145,7 @@ class Exchange:
     sealed: bool = False
     admin_request: Headers | None = None
     mask_parts: list[MediaPart] = field(default_factory=list)
+    _media_parts: list[MediaPart] | None = None
     pending_mask: tuple[bytes, Any] | None = None  # (raw body, parsed doc) waiting for OCR
     response_kind: str = "none"  # none | buffered | sse
     sse: SseRestorer | None = None
@@ -469,11 +454,8 @@ class Exchange:
             raise Refusal(422, "detection", "detection failed; the request was refused") from None
 
     def apply_media_policy(self, doc: Any) -> None:
-        assert self.route is not None and self.policy is not None and self.header is not None
-        parts = list(
-            {(id(part.container), part.key): part for part in self.route.dialect.media(doc)}.values()
-        )
-        self.media = len(parts)
+        assert self.policy is not None and self.header is not None
+        parts = self.media_parts(doc)
         if not parts:
             return
         choices = [self.policy.subject_media, self.header.media or "allow"]
@@ -521,9 +503,7 @@ class Exchange:
         raw, doc = self.pending_mask
         self.pending_mask = None
         pool = self.runtime.ocr
-        catalog = Catalog.for_sets(
-            self.policy.sets, skip_documentation_ips=self.policy.skip_documentation_ips
-        )
+        catalog = self.catalog()
         start = time.perf_counter()
         subjects = self.subjects
         assert self.header is not None
@@ -564,10 +544,24 @@ class Exchange:
         self.decision = "forwarded"
         return response
 
+    def catalog(self) -> Catalog:
+        assert self.policy is not None
+        return Catalog.for_sets(self.policy.sets, skip_documentation_ips=self.policy.skip_documentation_ips)
+
+    def media_parts(self, doc: Any) -> list[MediaPart]:
+        """The body's media parts, found once per exchange (each at most once) and shared by the
+        media policy, masking, the walk and the receipt's count."""
+        if self._media_parts is None:
+            assert self.route is not None
+            found = {(id(part.container), part.key): part for part in self.route.dialect.media(doc)}
+            self._media_parts = list(found.values())
+            self.media = len(self._media_parts)
+        return self._media_parts
+
     def redact_document(self, doc: Any) -> tuple[Any, bool]:
         assert self.route is not None and self.policy is not None
         policy = self.policy
-        catalog = Catalog.for_sets(policy.sets, skip_documentation_ips=policy.skip_documentation_ips)
+        catalog = self.catalog()
         replacement: Replacement = reversible(self.pmap) if policy.mode == "reversible" else strip
         counts = self.counts
         detect = catalog.detect
@@ -582,9 +576,7 @@ class Exchange:
             return rewrite(text, resolve_overlaps(findings), replacement, counts)
 
         dialect = self.route.dialect
-        media = {(id(part.container), part.key) for part in dialect.media(doc) if part.is_bytes}
-        if self.media is None:
-            self.media = len(media)
+        media = {(id(part.container), part.key) for part in self.media_parts(doc) if part.is_bytes}
         system: set[tuple[int, object]] = set()
         if not policy.redact_system:
             system = {(id(container), key) for container, key in dialect.system_positions(doc)}
@@ -684,10 +676,10 @@ class Exchange:
                 raise ReceiptError("no receipt store is configured")
             receipt = await store.append(self.receipt_fields())
         except ReceiptError as exc:
-            self.timings["receipt_ms"] = round((time.perf_counter() - start) * 1000, 3)
             self.runtime.metrics.inc("cordon_redis_errors_total")
             return self.audit_failed(response, str(exc))
-        self.timings["receipt_ms"] = round((time.perf_counter() - start) * 1000, 3)
+        finally:
+            self.timings["receipt_ms"] = round((time.perf_counter() - start) * 1000, 3)
         self.runtime.metrics.inc("cordon_receipts_total")
         self.receipt_hash = receipt.hash
         if response.HasField("immediate_response"):

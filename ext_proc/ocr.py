@@ -50,6 +50,7 @@ from PIL import Image, ImageDraw, ImageOps, UnidentifiedImageError
 from ext_proc.errors import DetectionError
 from ext_proc.findings import Finding
 from ext_proc.normalize import fold
+from ext_proc.subject_header import SubjectHeader
 
 # tesseract's OpenMP threads fight each other on a small machine: one thread per pass is ~3x
 # faster here (NOTES.md); parallelism comes from the pool, one image per thread.
@@ -107,6 +108,22 @@ def tesseract_command() -> str:
 
 
 pytesseract.pytesseract.tesseract_cmd = tesseract_command()
+
+
+def ocr_can_read(header: SubjectHeader) -> bool:
+    """Whether every letter of every declared value is Latin (the tesseract model here is `eng`):
+    a name in Cyrillic or Han would be painted over by no reading, so such requests are refused."""
+    for subject in header.subjects:
+        for values in subject.values.values():
+            for value in values:
+                if any(ch.isalpha() and ord(ch) > 0x24F and ch not in LATIN_EXTENDED_EXTRA for ch in value):
+                    return False
+    return True
+
+
+LATIN_EXTENDED_EXTRA = frozenset(
+    "ḀḁẞẠạẢảẤấẦầẨẩẪẫẬậẮắẰằẲẳẴẵẶặẸẹẺẻẼẽẾếỀềỂểỄễỆệỈỉỊịỌọỎỏỐốỒồỔổỖỗỘộỚớỜờỞởỠỡỢợỤụỦủỨứỪừỬửỮữỰựỲỳỴỵỶỷỸỹ"
+)
 
 
 # --- decode / encode --------------------------------------------------------------------------

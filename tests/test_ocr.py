@@ -272,9 +272,7 @@ def test_screenshots_in_tool_inputs_are_never_taken_for_secrets() -> None:
 
 
 def test_a_script_ocr_cannot_read_refuses_mask() -> None:
-    from ext_proc.exchange import ocr_can_read
-
     latin = parse_subject_header(encode_subject_header({"subjects": [{"names": ["Marisol Quintero-Vance"]}]}))
     accented = parse_subject_header(encode_subject_header({"subjects": [{"names": ["Zoë Ðặng Núñez"]}]}))
     cyrillic = parse_subject_header(encode_subject_header({"subjects": [{"names": ["Марисоль Кинтеро"]}]}))
-    assert ocr_can_read(latin) and ocr_can_read(accented) and not ocr_can_read(cyrillic)
+    assert ocr.ocr_can_read(latin) and ocr.ocr_can_read(accented) and not ocr.ocr_can_read(cyrillic)
