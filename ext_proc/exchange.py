@@ -28,7 +28,7 @@ from ext_proc.egress import check_body
 from ext_proc.errors import DetectionError, Refusal, describe
 from ext_proc.media import MediaPart
 from ext_proc.metrics import Metrics
-from ext_proc.ocr import MaskError, OcrPool, OcrTimeout, ocr_can_read
+from ext_proc.ocr import MaskError, OcrPool, OcrTimeout, fuzzy_pattern, ocr_can_read
 from ext_proc.placeholders import PlaceholderMap
 from ext_proc.policy import MEDIA_STRICTNESS, MODE_STRICTNESS, MODES, Policy, PolicySet, less_strict_knobs
 from ext_proc.receipts import Decision, Egress, ReceiptError, ReceiptFields, ReceiptStore, ref_digest
@@ -506,8 +506,7 @@ class Exchange:
         catalog = self.catalog()
         start = time.perf_counter()
         subjects = self.subjects
-        assert self.header is not None
-        fuzzy = pool.fuzzy_for(self.header.digest, lambda: [form.key for form in subjects.forms()])
+        fuzzy = fuzzy_pattern(form.key for form in subjects.forms())
         try:
             results = await pool.mask_all(
                 [(str(part.container[part.key]), _declared_type(part)) for part in self.mask_parts],

@@ -33,12 +33,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import functools
 import io
 import os
 import time
 import warnings
-from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
@@ -84,11 +84,10 @@ class Word:
 
 @dataclass(slots=True)
 class MaskResult:
-    payload: bytes  # the re-encoded, masked image
-    mime: str
+    """What masking one image took: words painted, tesseract passes and the time of each."""
+
     masked_words: int = 0
     passes: int = 0
-    ocr_seconds: float = 0.0
     pass_seconds: list[float] = field(default_factory=list)
 
 
@@ -292,13 +291,17 @@ def _core(text: str) -> str:
     return "".join(c for c in fold(text) if c.isalnum())
 
 
-def fuzzy_pattern(keys: Sequence[str]) -> regex.Pattern[str] | None:
+def fuzzy_pattern(keys: Iterable[str]) -> regex.Pattern[str] | None:
     """One fuzzy pattern over the letters-and-digits cores of declared identifiers (6+ chars):
-    one edit allowed, two from 12 characters on."""
-    usable = sorted({k for k in keys if len(k) >= 6}, key=len, reverse=True)
-    if not usable:
-        return None
-    parts = [f"(?:{regex.escape(k)}){{e<={2 if len(k) >= 12 else 1}}}" for k in usable]
+    one edit allowed, two from 12 characters on. Compiled once per set of keys (the same header
+    comes with every turn of a conversation)."""
+    usable = tuple(sorted({k for k in keys if len(k) >= 6}, key=lambda k: (-len(k), k)))
+    return _fuzzy_compiled(usable) if usable else None
+
+
+@functools.lru_cache(maxsize=256)
+def _fuzzy_compiled(keys: tuple[str, ...]) -> regex.Pattern[str]:
+    parts = [f"(?:{regex.escape(k)}){{e<={2 if len(k) >= 12 else 1}}}" for k in keys]
     return regex.compile("(?:" + "|".join(parts) + ")")
 
 
@@ -367,7 +370,7 @@ def mask_image(
     data, url_type, prefix = decode_payload(payload)
     image, fmt = open_image(data, url_type or declared)
     image = normalize(image)  # read and sent alike
-    result = MaskResult(b"", FORMATS[fmt])
+    result = MaskResult()
 
     def read(img: Image.Image) -> list[Word]:
         remaining = deadline - time.monotonic()
@@ -378,7 +381,6 @@ def mask_image(
         spent = time.perf_counter() - start
         result.passes += 1
         result.pass_seconds.append(spent)
-        result.ocr_seconds += spent
         return found
 
     words = read(image)
@@ -395,7 +397,6 @@ def mask_image(
         image = normalize(open_image(encoded, None)[0])  # read exactly what would be sent
         words = read(image)
         marked = find_words(words, detectors, fuzzy)
-    result.payload = encoded
     text = base64.b64encode(encoded).decode("ascii")
     return (prefix + text if prefix else text), result
 
@@ -413,18 +414,6 @@ class OcrPool:
         self.budget = budget
         self.max_images = max_images
         self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ocr")
-        self._fuzzy: OrderedDict[str, regex.Pattern[str] | None] = OrderedDict()
-
-    def fuzzy_for(self, digest: str, keys: Callable[[], Sequence[str]]) -> regex.Pattern[str] | None:
-        """The fuzzy pattern of one subject header, compiled once (LRU by the header's digest)."""
-        if digest in self._fuzzy:
-            self._fuzzy.move_to_end(digest)
-            return self._fuzzy[digest]
-        pattern = fuzzy_pattern(keys())
-        self._fuzzy[digest] = pattern
-        if len(self._fuzzy) > 256:
-            self._fuzzy.popitem(last=False)
-        return pattern
 
     async def mask_all(
         self,
