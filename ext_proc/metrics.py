@@ -19,6 +19,8 @@ from collections.abc import Iterable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from ext_proc.files import write_atomically
+
 # Latency buckets in seconds: 0.1 ms to 10 s.
 BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
 
@@ -90,12 +92,8 @@ def metrics_dir(run_dir: Path) -> Path:
 
 
 def write_snapshot(metrics: Metrics, run_dir: Path, index: int) -> None:
-    directory = metrics_dir(run_dir)
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"worker-{index}-{os.getpid()}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(metrics.snapshot()))
-    os.replace(tmp, path)
+    path = metrics_dir(run_dir) / f"worker-{index}-{os.getpid()}.json"
+    write_atomically(path, json.dumps(metrics.snapshot()))
 
 
 def merge(snapshots: Iterable[Mapping[str, list[object]]]) -> Metrics:

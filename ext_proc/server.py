@@ -29,6 +29,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from ext_proc.config import Settings
 from ext_proc.errors import describe
 from ext_proc.exchange import Exchange, Runtime
+from ext_proc.files import write_atomically
 from ext_proc.metrics import metrics_dir, serve_metrics, write_snapshot
 from ext_proc.ocr import OcrPool
 from ext_proc.policy import (
@@ -95,24 +96,20 @@ def snapshot_file(settings: Settings) -> Path:
 
 def save_snapshot(settings: Settings, policies: PolicySet) -> None:
     """The set this worker now serves, for a worker restarted while a file is broken."""
-    path = snapshot_file(settings)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(dump_policy_set(policies))
-    os.replace(tmp, path)
+    write_atomically(snapshot_file(settings), dump_policy_set(policies))
 
 
-def log_policy_errors(runtime: Runtime | None, errors: list[PolicyError]) -> None:
+def log_policy_errors(runtime: Runtime, errors: list[PolicyError]) -> None:
     for error in errors:
-        if runtime is not None:
-            runtime.metrics.inc("cordon_policy_reload_errors_total")
+        runtime.metrics.inc("cordon_policy_reload_errors_total")
         where = {"file": error.source, "key": error.key}
         log.error(json.dumps({"event": "policy_reload_error", **where, "reason": error.reason}))
 
 
-def initial_policies(settings: Settings) -> PolicySet:
+def initial_policies(settings: Settings) -> tuple[PolicySet, list[PolicyError]]:
     """The strict load; if a file broke since the server started (this is a restarted worker),
-    the last good set the other workers serve, with every file that still loads applied."""
+    the last good set the other workers serve, with every file that still loads applied, and
+    the errors of those that do not."""
     try:
         policies = load_policy_dir(settings.policy_dir)
     except PolicyError as first:
@@ -121,11 +118,10 @@ def initial_policies(settings: Settings) -> PolicySet:
         except (OSError, ValueError, TypeError, KeyError):
             raise first from None
         policies, errors = reload_policy_dir(settings.policy_dir, previous)
-        log_policy_errors(None, errors)
         log.warning(json.dumps({"event": "policy_last_good_kept", "tenants": sorted(policies.tenants)}))
-        return policies
+        return policies, errors
     save_snapshot(settings, policies)
-    return policies
+    return policies, []
 
 
 async def watch_policies(
@@ -172,14 +168,16 @@ async def publish_metrics(settings: Settings, runtime: Runtime, index: int) -> N
 async def run_worker(settings: Settings, index: int) -> None:
     store = ReceiptStore.from_url(settings.effective_redis_url, timeout=settings.redis_timeout)
     signature = policy_signature(settings.policy_dir)
+    policies, errors = initial_policies(settings)
     runtime = Runtime(
-        policies=initial_policies(settings),
+        policies=policies,
         admin_token=settings.admin_token,
         receipts=store,
         receipt_secret=settings.load_receipt_secret(),
         trust_tenant_header=settings.trust_tenant_header,
         ocr=OcrPool(settings.ocr_workers, settings.ocr_budget_seconds, settings.ocr_max_images),
     )
+    log_policy_errors(runtime, errors)
     limit = settings.grpc_message_limit
     server = grpc.aio.server(
         options=[
