@@ -85,30 +85,19 @@ def _optional_port(env: Mapping[str, str], name: str) -> int | None:
 
 
 MIN_SECRET_CHARS = 32
-
-
-def _secret(env: Mapping[str, str], name: str) -> str | None:
-    raw = env.get(name, "")
-    if raw == "":
-        return None
-    if len(raw) < MIN_SECRET_CHARS or len(set(raw)) < 8:
-        # Never echo it: a length and a rule only.
-        raise ConfigError(f"{name} is too weak: use at least {MIN_SECRET_CHARS} random characters")
-    return raw
-
-
 MIN_ADMIN_TOKEN_CHARS = 16
 
 
-def _admin_token(env: Mapping[str, str]) -> str | None:
-    """ADMIN_TOKEN without surrounding whitespace (a trailing newline from a Secret file would
-    never match a bearer token), and long enough not to be guessed."""
-    token = env.get("ADMIN_TOKEN", "").strip()
-    if not token:
+def _secret(env: Mapping[str, str], name: str, min_chars: int) -> str | None:
+    """A secret without surrounding whitespace (a Secret mounted as a file ends with a newline
+    that one replica may have and another not), long and varied enough not to be guessed."""
+    raw = env.get(name, "").strip()
+    if raw == "":
         return None
-    if len(token) < MIN_ADMIN_TOKEN_CHARS:
-        raise ConfigError(f"ADMIN_TOKEN is too weak: use at least {MIN_ADMIN_TOKEN_CHARS} random characters")
-    return token
+    if len(raw) < min_chars or len(set(raw)) < 8:
+        # Never echo it: a length and a rule only.
+        raise ConfigError(f"{name} is too weak: use at least {min_chars} random characters")
+    return raw
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +154,7 @@ class Settings:
             policy_dir=Path(env.get("POLICY_DIR", "policies")),
             openai_upstream=parse_upstream("openai", openai) if openai else None,
             anthropic_upstream=parse_upstream("anthropic", anthropic) if anthropic else None,
-            admin_token=_admin_token(env),
+            admin_token=_secret(env, "ADMIN_TOKEN", MIN_ADMIN_TOKEN_CHARS),
             tenant_secret=env.get("TENANT_SECRET") or None,
             trust_tenant_header=_bool(env, "TRUST_TENANT_HEADER", False),
             max_body_bytes=_int(env, "MAX_BODY_BYTES", 33554432, low=1024, high=2**30),
@@ -180,7 +169,7 @@ class Settings:
             ocr_workers=_int(env, "OCR_WORKERS", 1, low=1, high=64),
             ocr_budget_seconds=_int(env, "OCR_BUDGET_SECONDS", 30, low=1, high=280),
             ocr_max_images=_int(env, "OCR_MAX_IMAGES", 16, low=1, high=256),
-            receipt_secret=_secret(env, "RECEIPT_SECRET"),
+            receipt_secret=_secret(env, "RECEIPT_SECRET", MIN_SECRET_CHARS),
             bench_listen_port=_optional_port(env, "BENCH_LISTEN_PORT"),
         )
 

@@ -413,6 +413,7 @@ def test_parse_upstream(url: str, scheme: str, host: str, port: int) -> None:
         ({"BENCH_LISTEN_PORT": "0"}, "BENCH_LISTEN_PORT"),
         ({"BENCH_LISTEN_PORT": "bench"}, "BENCH_LISTEN_PORT"),
         ({"ADMIN_TOKEN": "short"}, "ADMIN_TOKEN"),
+        ({"ADMIN_TOKEN": "a" * 20}, "ADMIN_TOKEN"),  # long but not random
         ({"RECEIPT_SECRET": "not-long-enough"}, "RECEIPT_SECRET"),
         ({"RECEIPT_SECRET": "a" * 40}, "RECEIPT_SECRET"),  # long but not random
         ({"REDIS_TIMEOUT_MS": "5"}, "REDIS_TIMEOUT_MS"),
@@ -449,6 +450,8 @@ def test_secrets_are_trimmed_and_never_echoed() -> None:
     secret's error names the setting, not the value."""
     token = "tok-0123456789abcdef-tok"
     assert Settings.from_env({"ADMIN_TOKEN": token + "\n"}).admin_token == token
+    secret = "receipt-secret-0123456789abcdefghijkl"
+    assert Settings.from_env({"RECEIPT_SECRET": f" {secret}\n"}).receipt_secret == secret
     with pytest.raises(ConfigError) as info:
         Settings.from_env({"ADMIN_TOKEN": "hunter2"})
     assert "hunter2" not in str(info.value)
