@@ -111,6 +111,7 @@ import regex
 
 from ext_proc.errors import DetectionError
 from ext_proc.findings import CATALOG_KINDS, SETS, Finding
+from ext_proc.memo import MEMO
 
 # Per regex call, for each TIMEOUT_CHARS characters it reads. Read at call time so tests (and
 # operators under load) can change it.
@@ -265,24 +266,11 @@ def _fullmatch(pattern: regex.Pattern[str], text: str) -> regex.Match[str] | Non
 def _all(
     pattern: regex.Pattern[str], text: str, pos: int = 0, endpos: int | None = None
 ) -> list[regex.Match[str]]:
-    """Every match, collected in one call (one timeout set-up, nothing runs in between)."""
+    """Every match, collected in one call before any validator runs: one timeout set-up per
+    pattern and text, and the scanner's budget (which runs from its creation) covers the scan
+    alone, never the validators' work between matches."""
     end = len(text) if endpos is None else endpos
     return list(pattern.finditer(text, pos, end, timeout=_timeout(end - pos)))
-
-
-def _finditer(
-    pattern: regex.Pattern[str], text: str, pos: int = 0, endpos: int | None = None
-) -> Iterator[regex.Match[str]]:
-    """`finditer` as a loop of searches. A `regex` scanner's timeout runs from its creation,
-    including the time its consumer spends between matches (validators, phonenumbers); one
-    search per match gives every call its own budget."""
-    end = len(text) if endpos is None else endpos
-    while pos <= end:
-        m = _search(pattern, text, pos, end)
-        if m is None:
-            return
-        yield m
-        pos = m.end() if m.end() > m.start() else m.end() + 1
 
 
 def shannon_entropy(value: str) -> float:
@@ -1700,8 +1688,11 @@ class Catalog:
         """Every validated finding in `text`, sorted by start; same-kind overlaps merged."""
         if len(text) < MIN_FINDING_LENGTH or not self.detectors:
             return []
+        return list(MEMO(("catalog", self.sets, self.options), text, self._detect_checked))
+
+    def _detect_checked(self, text: str) -> tuple[Finding, ...]:
         try:
-            return self._detect(text)
+            return tuple(self._detect(text))
         except TimeoutError:
             raise DetectionError("catalog regex timed out") from None
 
@@ -1736,7 +1727,7 @@ class Catalog:
     def _run(self, detector: Detector, text: str, scratch: _Scratch) -> Iterator[Span]:
         validate = VALIDATORS[detector.validator] if detector.validator else _accept
         if detector.anchor is None:
-            matches: Iterable[regex.Match[str]] = _finditer(detector.pattern, text)
+            matches: Iterable[regex.Match[str]] = _all(detector.pattern, text)
         elif detector.anchored:
             matches = _anchored(detector.pattern, text, ANCHORS[detector.anchor](scratch))
         else:
@@ -1761,7 +1752,7 @@ def _anchored(pattern: regex.Pattern[str], text: str, windows: list[Span]) -> It
 
 def _windowed(pattern: regex.Pattern[str], text: str, windows: list[Span]) -> Iterator[regex.Match[str]]:
     for start, end in _merge(windows):
-        yield from _finditer(pattern, text, start, end)
+        yield from _all(pattern, text, start, end)
 
 
 def _merge_overlaps(spans: list[Span]) -> list[Span]:

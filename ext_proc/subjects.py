@@ -152,6 +152,7 @@ from dateutil import parser as date_parser
 
 from ext_proc.errors import DetectionError
 from ext_proc.findings import Finding
+from ext_proc.memo import MEMO
 from ext_proc.normalize import Folded, fold, fold_char, fold_with_offsets
 from ext_proc.subject_header import FIELDS, SubjectHeader, SubjectHeaderError
 
@@ -1120,6 +1121,9 @@ class CompiledSubjects:
         """
         if not text:
             return []
+        return list(MEMO(("subjects", self.digest), text, lambda t: tuple(self._detect(t))))
+
+    def _detect(self, text: str) -> list[Finding]:
         reading = _read(text, offsets=True)
         inserted = reading.inserted
         pieces = reading.spaced.split(" ")
@@ -1169,6 +1173,9 @@ class CompiledSubjects:
         """The label of the first declared identifier readable in `text` (case-folded), or None."""
         if not text:
             return None
+        return MEMO(("survivor", self.digest), text, self._first_survivor)
+
+    def _first_survivor(self, text: str) -> str | None:
         label = self._survivor(text)
         if label is None:
             for decoded in _decodings(text):

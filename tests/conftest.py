@@ -6,8 +6,16 @@ from collections.abc import Iterator
 
 import pytest
 
+from ext_proc.memo import MEMO
 from tests.fake_upstream import FakeUpstream
 from tests.harness import RunningStack, running_stack
+
+
+@pytest.fixture(autouse=True)
+def _fresh_memo() -> None:
+    """Each test starts with an empty detection memo: a test that changes a detector's limits
+    (a timeout, a work bound) must not be answered from an earlier test's scan."""
+    MEMO.clear()
 
 
 @pytest.fixture(scope="session")
