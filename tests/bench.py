@@ -164,6 +164,33 @@ def _parse_head(head: bytes) -> tuple[int, int | None, bool, bool]:
     return int(parts[1]), length, chunked, close
 
 
+# Every message of a bench body starts with this mark; `Fresh` rewrites it per request, so each
+# request's strings are new to the processor's memo (ext_proc.memo) and the lines time a cold scan.
+MARK = b"zzzzzzzz"
+
+
+class Fresh:
+    """The same request with a different 8-letter word at every mark, each call: same size, same
+    values, strings never seen before. Both listeners get the same treatment."""
+
+    def __init__(self, template: bytes) -> None:
+        if MARK not in template:
+            raise ValueError("the request has no mark to vary")
+        self.template = template
+        self.count = itertools.count(1)
+
+    def __call__(self) -> bytes:
+        n, word = next(self.count), []
+        for _ in range(len(MARK)):
+            n, digit = divmod(n, 26)
+            word.append(chr(ord("a") + digit))
+        return self.template.replace(MARK, "".join(word).encode())
+
+
+def next_request(source: bytes | Fresh) -> bytes:
+    return source if isinstance(source, bytes) else source()
+
+
 @dataclass(slots=True)
 class Load:
     done: int
@@ -177,7 +204,7 @@ class Load:
         return self.done / self.seconds
 
 
-async def closed_loop(port: int, requests: list[bytes], concurrency: int, seconds: float) -> Load:
+async def closed_loop(port: int, requests: list[bytes | Fresh], concurrency: int, seconds: float) -> Load:
     """`concurrency` connections, each sending the next request as soon as its reply is in."""
     latencies: list[float] = []
     statuses: dict[int, int] = {}
@@ -192,7 +219,7 @@ async def closed_loop(port: int, requests: list[bytes], concurrency: int, second
             while time.perf_counter() < end:
                 start = time.perf_counter()
                 try:
-                    reply = await connection.send(requests[n % len(requests)])
+                    reply = await connection.send(next_request(requests[n % len(requests)]))
                 except HttpError:
                     failed += 1
                     continue
@@ -214,7 +241,7 @@ async def closed_loop(port: int, requests: list[bytes], concurrency: int, second
 SEQUENTIAL_ERRORS: dict[tuple[int, int, str], int] = {}
 
 
-async def sequential(port: int, request: bytes, n: int) -> list[float]:
+async def sequential(port: int, request: bytes | Fresh, n: int) -> list[float]:
     """`n` requests one after another on one keep-alive connection: latency at concurrency 1.
 
     A non-200 answer is counted in SEQUENTIAL_ERRORS (with the refusal's stage, when it has one)
@@ -223,8 +250,9 @@ async def sequential(port: int, request: bytes, n: int) -> list[float]:
     samples = []
     try:
         for _ in range(n):
+            raw = next_request(request)
             start = time.perf_counter()
-            reply = await connection.send(request)
+            reply = await connection.send(raw)
             if reply.status == 200:
                 samples.append(time.perf_counter() - start)
                 continue
@@ -287,19 +315,26 @@ def prose(size: int, *, seed: int, person: bool) -> str:
     return " ".join(sentences)
 
 
-def chat_body(size: int, *, per_message: int, person: bool = False) -> bytes:
-    """A Chat Completions request of about `size` bytes, its text in messages of `per_message`."""
+def chat_body(size: int, *, per_message: int, person: bool = False, marked: str = "all") -> bytes:
+    """A Chat Completions request of about `size` bytes, its text in messages of `per_message`.
+
+    `marked`: which messages start with the MARK that `Fresh` varies per request: "all" (every
+    string new: a cold scan), "last" (a conversation resending its history with one new turn).
+    """
+    mark = f"Ref {MARK.decode()}. "
     messages: list[dict[str, str]] = [{"role": "system", "content": "You are a helpful support assistant."}]
     total = 120  # the JSON around the messages and the system one
     for i in itertools.count():
-        room = min(per_message, size - total - 40)  # 40: a message's own JSON
+        room = min(per_message, size - total - 40 - len(mark))  # 40: a message's own JSON
         if room < 200:
             break
         text = prose(room, seed=i, person=person)
         messages.append({"role": "user" if i % 2 == 0 else "assistant", "content": text})
-        total += len(text) + 40
+        total += len(text) + len(mark) + 40
     if messages[-1]["role"] != "user":
         messages.append({"role": "user", "content": "Please answer the last question."})
+    for message in messages[1:] if marked == "all" else messages[-1:]:
+        message["content"] = mark + message["content"]
     return json.dumps({"model": "gpt-4o-mini", "messages": messages}).encode()
 
 
@@ -424,12 +459,12 @@ class Bench:
         reply = self.run(_get(self.upstream_port, "/_fake/received"))
         return list(json.loads(reply.body))
 
-    def check(self, name: str, request: bytes) -> None:
+    def check(self, name: str, source: bytes | Fresh) -> None:
         """One request per listener: both 200; the filtered one reached the upstream redacted, the
         unfiltered one untouched, so the lines below time what they claim to."""
         for label, port in (("filtered", self.filtered), ("unfiltered", self.bench_port)):
             self.run(_post(self.upstream_port, "/_fake/clear"))
-            reply = self.run(_send(port, request, keep=True))
+            reply = self.run(_send(port, next_request(source), keep=True))
             if reply.status != 200:
                 raise SystemExit(
                     f"bench: {name} on the {label} listener answered {reply.status}: {reply.body[:300]!r}"
@@ -461,43 +496,50 @@ async def _post(port: int, path: str) -> Reply:
 # --- through the stack ------------------------------------------------------------------------
 
 
-def latency_8k(b: Bench, request: bytes) -> list[Row]:
+def latency_8k(b: Bench, cases: dict[str, bytes | Fresh]) -> list[Row]:
     """Concurrency 1, one keep-alive connection per listener; added = filtered − unfiltered."""
-    for _, port in b.pair(0):
-        b.run(sequential(port, request, 30))  # warm-up: connections, caches, the subject compile
-    added: dict[float, list[float]] = {0.5: [], 0.99: []}
-    seen: dict[tuple[str, float], list[float]] = {}
-    for rep in range(b.plan.reps):
-        got = {label: b.run(sequential(port, request, b.plan.latency_n)) for label, port in b.pair(rep)}
-        for q, values in added.items():
-            f, u = percentile(got["filtered"], q), percentile(got["unfiltered"], q)
-            values.append(ms(f - u))
-            seen.setdefault(("filtered", q), []).append(ms(f))
-            seen.setdefault(("unfiltered", q), []).append(ms(u))
     rows = []
-    for q, name, limit in ((0.5, "p50", 1.0), (0.99, "p99", 3.0)):
-        f, u = statistics.median(seen["filtered", q]), statistics.median(seen["unfiltered", q])
-        rows.append(
-            Row(
-                f"added latency c=1, 8 KB chat + 8 subjects, {name}",
-                "ms",
-                added[q],
-                Target("<=", limit, f"≤ {limit:g} ms"),
-                f"filtered {f:.2f} / unfiltered {u:.2f} ms",
-                signed=True,
+    for case, request in cases.items():
+        for _, port in b.pair(0):
+            b.run(sequential(port, request, 30))  # warm-up: connections, caches, the subject compile
+        added: dict[float, list[float]] = {0.5: [], 0.99: []}
+        seen: dict[tuple[str, float], list[float]] = {}
+        for rep in range(b.plan.reps):
+            got = {label: b.run(sequential(port, request, b.plan.latency_n)) for label, port in b.pair(rep)}
+            for q, values in added.items():
+                f, u = percentile(got["filtered"], q), percentile(got["unfiltered"], q)
+                values.append(ms(f - u))
+                seen.setdefault(("filtered", q), []).append(ms(f))
+                seen.setdefault(("unfiltered", q), []).append(ms(u))
+        for q, name, limit in ((0.5, "p50", 1.0), (0.99, "p99", 3.0)):
+            f, u = statistics.median(seen["filtered", q]), statistics.median(seen["unfiltered", q])
+            rows.append(
+                Row(
+                    f"added latency c=1, 8 KB + 8 subjects, {case}, {name}",
+                    "ms",
+                    added[q],
+                    Target("<=", limit, f"≤ {limit:g} ms"),
+                    f"filtered {f:.2f} / unfiltered {u:.2f} ms",
+                    signed=True,
+                )
             )
-        )
     return rows
 
 
-def throughput_8k(b: Bench, plain: bytes, with_subjects: bytes) -> list[Row]:
+def throughput_8k(b: Bench, plain: Fresh, with_subjects: Fresh, conversation: Fresh) -> list[Row]:
     """Concurrency 16 for a fixed time per line; the client's own ceiling measured beside (shorter)."""
     c, workers = 16, b.stack.settings.workers
     healthz = build_request("/healthz", b"", method="GET")
     target = Target(">=", 1500, "≥ 1,500 req/s")
-    cases: dict[str, tuple[int, bytes, float, Target | None]] = {
+    cases: dict[str, tuple[int, bytes | Fresh, float, Target | None]] = {
         f"req/s c={c}, WORKERS={workers}, 8 KB chat, no subjects": (b.filtered, plain, 1.0, target),
         f"req/s c={c}, WORKERS={workers}, 8 KB chat + 8 subjects": (b.filtered, with_subjects, 1.0, target),
+        f"req/s c={c}, WORKERS={workers}, 8 KB + 8 subjects, conversation": (
+            b.filtered,
+            conversation,
+            1.0,
+            target,
+        ),
         f"req/s c={c}, 8 KB chat, unfiltered listener": (b.bench_port, plain, 1.0, None),
         "load generator ceiling: Envoy /healthz, no upstream": (b.bench_port, healthz, 0.4, None),
         "fake upstream alone (no Envoy), 8 KB chat": (b.upstream_port, plain, 0.4, None),
@@ -524,9 +566,9 @@ def big_bodies(b: Bench) -> list[Row]:
     many = chat_body(MB, per_message=KB)
     one = chat_body(MB, per_message=MB)
     cases = {
-        "added latency, 1 MB over many messages": (build_request(CHAT, many, TINY_REPLY), 50.0),
-        "added latency, 1 MB in one field": (build_request(CHAT, one, TINY_REPLY), 50.0),
-        "added latency, 1 MB in one field, reply echoes it": (build_request(CHAT, one), None),
+        "added latency, 1 MB over many messages": (Fresh(build_request(CHAT, many, TINY_REPLY)), 50.0),
+        "added latency, 1 MB in one field": (Fresh(build_request(CHAT, one, TINY_REPLY)), 50.0),
+        "added latency, 1 MB in one field, reply echoes it": (Fresh(build_request(CHAT, one)), None),
     }
     rows = []
     for name, (request, limit) in cases.items():
@@ -682,9 +724,9 @@ async def _sampled(stack: RunningStack, load: Any, every: float) -> tuple[Load, 
 def rss_1mb(b: Bench) -> Row:
     pids = worker_pids(b.stack)
     idle = status_mib(pids, "VmRSS")
-    requests = [
-        build_request(CHAT, chat_body(MB, per_message=KB), TINY_REPLY),
-        build_request(CHAT, chat_body(MB, per_message=MB), TINY_REPLY),
+    requests: list[bytes | Fresh] = [
+        Fresh(build_request(CHAT, chat_body(MB, per_message=KB), TINY_REPLY)),
+        Fresh(build_request(CHAT, chat_body(MB, per_message=MB), TINY_REPLY)),
     ]
     load, samples = b.run(_sampled(b.stack, closed_loop(b.filtered, requests, 16, b.plan.rss_seconds), 0.2))
     peak = status_mib(pids, "VmHWM")
@@ -698,7 +740,7 @@ def rss_1mb(b: Bench) -> Row:
     )
 
 
-def soak(b: Bench, minutes: float, requests: list[bytes]) -> list[Row]:
+def soak(b: Bench, minutes: float, requests: list[bytes | Fresh]) -> list[Row]:
     load, samples = b.run(_sampled(b.stack, closed_loop(b.filtered, requests, 16, minutes * 60), 10.0))
     values = [mib for _, mib in samples]
     settled = [(t, mib) for t, mib in samples if t >= 60] or samples
@@ -764,7 +806,7 @@ def pipeline_timer() -> Callable[[bytes], list[float]]:
 def pipeline(plan: Plan) -> list[Row]:
     """Detection + redaction + egress at 8 KB … 8 MB, in this one process (= one core)."""
     once = pipeline_timer()
-    once(chat_body(8 * KB, per_message=2 * KB, person=True))  # warm-up: catalog compiled, caches filled
+    once(Fresh(chat_body(8 * KB, per_message=2 * KB, person=True))())  # warm-up: catalog compiled
     r = plan.pipeline_rounds
     sizes = {
         "8 KB": (8 * KB, 10 * r),
@@ -774,8 +816,9 @@ def pipeline(plan: Plan) -> list[Row]:
     }
     rows, per_mb = [], {}
     for label, (size, rounds) in sizes.items():
-        raw = chat_body(size, per_message=2 * KB, person=True)
-        timings = [once(raw) for _ in range(rounds)]
+        fresh = Fresh(chat_body(size, per_message=2 * KB, person=True))
+        raw = fresh()
+        timings = [once(fresh()) for _ in range(rounds)]  # every round's strings are new
         totals = [sum(t) for t in timings]
         mib = len(raw) / MB
         per_mb[label] = ms(statistics.median(totals)) / mib
@@ -897,13 +940,16 @@ def upstream_process() -> Iterator[int]:
             process.wait(5)
 
 
-def measure(b: Bench, plain: bytes, with_subjects: bytes, soak_minutes: float | None) -> list[Section]:
+def measure(
+    b: Bench, plain: Fresh, with_subjects: Fresh, conversation: Fresh, soak_minutes: float | None
+) -> list[Section]:
     b.check("8 KB chat + 8 subjects", with_subjects)
     b.check("8 KB chat", plain)
+    b.check("8 KB conversation + 8 subjects", conversation)
     progress("latency at concurrency 1, 8 KB")
-    latency = latency_8k(b, with_subjects)
+    latency = latency_8k(b, {"cold": with_subjects, "conversation": conversation})
     progress("throughput at concurrency 16")
-    throughput = throughput_8k(b, plain, with_subjects)
+    throughput = throughput_8k(b, plain, with_subjects, conversation)
     soaked = []
     if soak_minutes:  # before the 1 MB bodies, whose heap growth would blur its start
         progress(f"soak, {soak_minutes:g} minutes")
@@ -968,8 +1014,10 @@ def main(argv: list[str] | None = None) -> int:
 
     header = subject_header()
     body = chat_body(8 * KB, per_message=2 * KB, person=True)
-    plain = build_request(CHAT, body, TINY_REPLY)
-    with_subjects = build_request(CHAT, body, {**TINY_REPLY, "x-cordon-subject": header})
+    plain = Fresh(build_request(CHAT, body, TINY_REPLY))
+    with_subjects = Fresh(build_request(CHAT, body, {**TINY_REPLY, "x-cordon-subject": header}))
+    history = chat_body(8 * KB, per_message=2 * KB, person=True, marked="last")
+    conversation = Fresh(build_request(CHAT, history, {**TINY_REPLY, "x-cordon-subject": header}))
     with tempfile.TemporaryDirectory(prefix="cordon-bench-") as tmp, upstream_process() as upstream_port:
         url = f"http://127.0.0.1:{upstream_port}"
         bench_port = free_port()
@@ -983,7 +1031,7 @@ def main(argv: list[str] | None = None) -> int:
             ANTHROPIC_UPSTREAM=url,
         ) as stack:
             bench = Bench(stack, plan, upstream_port, bench_port)
-            sections = measure(bench, plain, with_subjects, args.soak)
+            sections = measure(bench, plain, with_subjects, conversation, args.soak)
 
     catalog_n, person_n = values_in(body)
     print(

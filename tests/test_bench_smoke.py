@@ -105,6 +105,22 @@ def test_the_bench_requests() -> None:
     assert bench.percentile([float(i) for i in range(100)], 0.99) == 98.0
 
 
+def test_fresh_requests_differ_in_every_message_and_keep_their_size() -> None:
+    """Cold lines send strings the processor has never seen; the conversation line varies only the
+    last turn, as an agent resending its history does."""
+    fresh = bench.Fresh(bench.chat_body(8 * bench.KB, per_message=2 * bench.KB, person=True))
+    first, second = fresh(), fresh()
+    assert len(first) == len(second) and bench.MARK not in first
+    one, two = (json.loads(raw)["messages"] for raw in (first, second))
+    assert all(a["content"] != b["content"] for a, b in zip(one[1:], two[1:], strict=True))
+    assert one[0] == two[0]  # the system prompt carries no mark
+    history = bench.Fresh(bench.chat_body(8 * bench.KB, per_message=2 * bench.KB, person=True, marked="last"))
+    one, two = (json.loads(history())["messages"] for _ in range(2))
+    assert one[:-1] == two[:-1] and one[-1] != two[-1]
+    with pytest.raises(ValueError):
+        bench.Fresh(b"no mark here")
+
+
 def test_the_in_process_measurements_run() -> None:
     """The pipeline and SSE lines call the processor's own functions: they still fit (no timings)."""
     once = bench.pipeline_timer()
