@@ -18,6 +18,7 @@ compiled subjects; this module is the traversal.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
@@ -27,6 +28,7 @@ import regex
 
 from ext_proc.dialects import Dialect
 from ext_proc.errors import DetectionError
+from ext_proc.memo import MEMO
 from ext_proc.walk import MAX_DEPTH, NestingTooDeep, looks_like_json
 
 # Exponent literals in text; plain integers in text need no expansion (they read as themselves).
@@ -86,15 +88,20 @@ def _parse(text: str) -> Any:
 # only text known to carry no value; their random nonce could, by chance, spell a short declared
 # id, so the check reads them as a separator. A placeholder with another nonce (typed by a user)
 # is read like any text.
-MARKERS = regex.compile(r"<[A-Z][A-Z0-9_]*_(?P<nonce>[0-9a-f]+)_[0-9]+>|\[(?:SUBJECT[0-9]+_)?[A-Z][A-Z_]*\]")
+OWN_MARKERS = r"<[A-Z][A-Z0-9_]*_{nonce}_[0-9]+>|\[(?:SUBJECT[0-9]+_)?[A-Z][A-Z_]*\]"
 
 
 def neutralise_own_markers(text: str, nonce: str) -> str:
-    def replace(match: regex.Match[str]) -> str:
-        found = match.group("nonce")
-        return " " if found is None or found == nonce else match.group(0)
+    return _own_markers(nonce).sub(" ", text, timeout=REGEX_TIMEOUT)
 
-    return MARKERS.sub(replace, text, timeout=REGEX_TIMEOUT)
+
+@functools.lru_cache(maxsize=256)
+def _own_markers(nonce: str) -> regex.Pattern[str]:
+    """OWN_MARKERS for one nonce, compiled once per request: a plain substitution in C, no Python
+    callback per marker (a redacted megabyte carries thousands)."""
+    if not nonce or not all(ch in "0123456789abcdef" for ch in nonce):
+        raise ValueError("a nonce is lowercase hex")
+    return regex.compile(OWN_MARKERS.format(nonce=nonce))
 
 
 class _Reader:
@@ -106,6 +113,15 @@ class _Reader:
     def text(self, text: str, depth: int) -> str | None:
         if self.nonce is not None and ("<" in text or "[" in text):
             text = neutralise_own_markers(text, self.nonce)
+        digest = getattr(self.finder, "digest", None)
+        if digest is None:
+            return self._text(text, depth)
+        # The verdict is a pure function of (subjects, depth, text after this request's own markers
+        # are gone): a string already read in an earlier request is not read again. Any trace of
+        # this request's nonce left in the text makes its key this request's own.
+        return MEMO(("egress", digest, depth), text, lambda t: self._text(t, depth))
+
+    def _text(self, text: str, depth: int) -> str | None:
         hit = self.finder.first_survivor(text)
         if hit is not None:
             return hit
