@@ -24,7 +24,7 @@ The hash, exactly::
 hashed, not the 32 raw bytes); the first record of a chain has `prev` = 64 zeros. An auditor can
 recheck any record with ``printf '%s%s' "$prev" "$C" | sha256sum``.
 
-Redis layout, one chain per tenant (the braces are the Cluster hash tag: both keys of a chain live
+Redis layout, one chain per tenant (the braces are the Cluster hash tag: every key of a chain lives
 in one slot, so the append script and the verify snapshot work on Redis Cluster)::
 
     <prefix>:{<tenant>}:stream   a stream, one entry per record: r = C (the exact hashed bytes),
@@ -52,6 +52,11 @@ command line) therefore verifies from the start. Records before a checkpoint are
 incremental verify except the checkpoint record itself (still there, same hash); pass
 `since_checkpoint=False` for a full walk. Redis must persist (AOF) and must not evict these keys
 (`maxmemory-policy noeviction`), or a restart or eviction silently starts a new chain.
+
+Topologies (REDIS_URL, see `redis_client`): one server, a Redis Cluster, or a master found through
+Sentinel. Nothing here needs more than one slot at a time: the append, the verify snapshot and the
+clock reading are scripts on a chain's own keys, so a cluster runs each on the node that holds that
+chain; listing the chains scans every primary.
 """
 
 from __future__ import annotations
@@ -71,13 +76,11 @@ from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Literal, TextIO, TypeVar, get_args
 
-from redis.asyncio import Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.asyncio import RedisCluster
 
 from ext_proc.errors import Stage
 from ext_proc.policy import MODES, Mode
+from ext_proc.redis_client import REDIS_ERRORS, RedisClient, connect
 
 Decision = Literal["forwarded", "refused", "reported"]
 Egress = Literal["verified", "refused", "skipped"]
@@ -370,6 +373,21 @@ end
 return {0, head}
 """
 
+# KEYS[1] stream, KEYS[2] head: the stream's last id (or nil) and the head (or nil), read at one
+# instant. A script, not MULTI, because a cluster client routes it by its keys like any command.
+_SNAPSHOT_LUA = """
+local tail = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+local last = false
+if tail[1] then
+  last = tail[1][1]
+end
+return {last, redis.call('GET', KEYS[2])}
+"""
+
+# KEYS[1] a chain's stream: TIME on the node that runs that chain's append script (on a cluster a
+# plain TIME goes to any node, whose clock is not the one the fence is checked against).
+_TIME_LUA = "return redis.call('TIME')"
+
 MAX_BATCH = 64
 _PREV_FIELD = b'"prev":"'
 FENCE_MARGIN_MS = 20  # the script gives up this long before its caller does
@@ -402,7 +420,7 @@ def _id_key(stream_id: str) -> tuple[int, int]:
 
 
 class ReceiptStore:
-    """Appends receipts to, and verifies, per-tenant chains in one Redis (or one Cluster slot each).
+    """Appends receipts to, and verifies, per-tenant chains in Redis (on a Cluster, one slot each).
 
     `timeout` bounds every Redis call, and a whole `append` (queueing, retries and all): a receipt
     sits on the request path. The append script carries a fence, the caller's deadline in Redis's
@@ -415,9 +433,9 @@ class ReceiptStore:
 
     def __init__(
         self,
-        client: Redis,
+        client: RedisClient,
         *,
-        writer: Redis | None = None,
+        writer: RedisClient | None = None,
         key_prefix: str = "cordon",
         timeout: float = 0.25,
         max_attempts: int = 100,
@@ -433,8 +451,11 @@ class ReceiptStore:
         self._turn_ms = str(turn_ms)
         self._writer_id = secrets.token_hex(8)
         self._append_script = self._writer.register_script(_APPEND_LUA)
-        self._clock_offset_ms: float | None = None  # Redis's TIME minus ours
-        self._clock_checked = 0.0
+        self._snapshot_script = self._redis.register_script(_SNAPSHOT_LUA)
+        self._time_script = self._redis.register_script(_TIME_LUA)
+        # Per tenant: (Redis's TIME minus ours in ms, when measured). Per tenant because on a
+        # cluster each chain's script runs on its own node, with its own clock.
+        self._clocks: dict[str, tuple[float, float]] = {}
         self._heads: dict[str, str] = {}  # the last head seen per tenant: a guess, the script decides
         self._queues: dict[str, list[_Pending]] = {}
         self._drains: dict[str, asyncio.Task[None]] = {}
@@ -444,11 +465,12 @@ class ReceiptStore:
 
     @classmethod
     def from_url(cls, url: str, *, timeout: float = 0.25, **kwargs: object) -> ReceiptStore:
-        """A store with its own clients, socket timeouts = `timeout`: reads reconnect once at
-        once (a restarted Redis), the append script is never re-sent."""
-        options = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
-        client = Redis.from_url(url, retry=Retry(NoBackoff(), 1), **options)
-        writer = Redis.from_url(url, retry=Retry(NoBackoff(), 0), **options)
+        """A store with its own clients for REDIS_URL `url` (one server, `redis+cluster://` or
+        `redis+sentinel://`; a malformed URL is a `RedisUrlError`, a ValueError), socket timeouts =
+        `timeout`: reads reconnect once at once (a restarted Redis), the append script is never
+        re-sent."""
+        client = connect(url, timeout=timeout, retries=1)
+        writer = connect(url, timeout=timeout, retries=0)
         return cls(client, writer=writer, timeout=timeout, **kwargs)  # type: ignore[arg-type]
 
     async def aclose(self) -> None:
@@ -479,7 +501,7 @@ class ReceiptStore:
                 return await awaitable
         except TimeoutError as exc:
             raise ReceiptError(f"Redis did not answer within {self._timeout}s") from exc
-        except (RedisError, OSError) as exc:
+        except REDIS_ERRORS as exc:
             raise ReceiptError(f"Redis failed: {type(exc).__name__}") from exc
 
     # ---- append -------------------------------------------------------------------------------
@@ -528,8 +550,10 @@ class ReceiptStore:
             async with asyncio.timeout_at(deadline):
                 return await self._append_locked(tenant, batch, deadline)
         except TimeoutError as exc:
+            self._clocks.clear()  # the next append measures again (Sentinel may have failed over)
             raise self._timed_out() from exc
-        except (RedisError, OSError) as exc:
+        except REDIS_ERRORS as exc:
+            self._clocks.clear()
             raise ReceiptError(f"Redis failed: {type(exc).__name__}") from exc
 
     def _start_drain(self, tenant: str) -> None:
@@ -569,18 +593,20 @@ class ReceiptStore:
                 if not item[1].done():
                     item[1].set_result(receipt)
 
-    async def _fence(self, deadline: float) -> int:
-        """`deadline` (this loop's clock) as Redis's TIME in ms, less FENCE_MARGIN_MS."""
+    async def _fence(self, tenant: str, deadline: float) -> int:
+        """`deadline` (this loop's clock) as TIME in ms of the node holding `tenant`'s chain, less
+        FENCE_MARGIN_MS."""
         loop = asyncio.get_running_loop()
-        if self._clock_offset_ms is None or loop.time() - self._clock_checked > CLOCK_CHECK_SECONDS:
+        clock = self._clocks.get(tenant)
+        if clock is None or loop.time() - clock[1] > CLOCK_CHECK_SECONDS:
             before = time.time()
-            seconds, micros = await self._writer.time()
+            seconds, micros = await self._time_script(keys=[self.stream_key(tenant)])
             after = time.time()
-            redis_ms = seconds * 1000 + micros / 1000
-            self._clock_offset_ms = redis_ms - (before + after) * 500  # midpoint of the round trip
-            self._clock_checked = loop.time()
+            redis_ms = int(seconds) * 1000 + int(micros) / 1000
+            clock = (redis_ms - (before + after) * 500, loop.time())  # midpoint of the round trip
+            self._clocks[tenant] = clock
         remaining_ms = (deadline - loop.time()) * 1000
-        return int(time.time() * 1000 + self._clock_offset_ms + remaining_ms - FENCE_MARGIN_MS)
+        return int(time.time() * 1000 + clock[0] + remaining_ms - FENCE_MARGIN_MS)
 
     async def _append_locked(self, tenant: str, batch: list[ReceiptFields], deadline: float) -> list[Receipt]:
         keys = [self.stream_key(tenant), self.head_key(tenant), self.turn_key(tenant)]
@@ -588,7 +614,8 @@ class ReceiptStore:
         prev = self._heads.get(tenant, GENESIS)
         for _ in range(self._max_attempts):
             chained: list[tuple[str, str]] = []  # (prev, hash) of each record
-            args: list[object] = [prev, GENESIS, self._writer_id, self._turn_ms, await self._fence(deadline)]
+            fence = await self._fence(tenant, deadline)
+            args: list[object] = [prev, GENESIS, self._writer_id, self._turn_ms, fence]
             link = prev
             for record in records:
                 canonical = canonical_json({**record, "prev": link})
@@ -620,20 +647,13 @@ class ReceiptStore:
     async def verify(self, tenant: str, *, since_checkpoint: bool = True) -> VerifyResult:
         """Walk the chain (from this process's checkpoint, or from the start) and recheck it.
 
-        The stream's last entry and the head key are read together in one transaction, so writers
+        The stream's last entry and the head key are read together by one script, so writers
         appending meanwhile never look like a head mismatch; the walk stops at that entry.
         """
         stream, head_key = self.stream_key(tenant), self.head_key(tenant)
-
-        async def snapshot() -> list[object]:
-            async with self._redis.pipeline(transaction=True) as pipe:
-                pipe.xrevrange(stream, count=1)
-                pipe.get(head_key)
-                return await pipe.execute()
-
-        tail_entries, head_value = await self._call(snapshot())
-        tail_id = _text(tail_entries[0][0]) if tail_entries else None  # type: ignore[index]
-        head = _text(head_value) if head_value is not None else None  # type: ignore[arg-type]
+        tail_value, head_value = await self._call(self._snapshot_script(keys=[stream, head_key]))
+        tail_id = _text(tail_value) if tail_value is not None else None
+        head = _text(head_value) if head_value is not None else None
 
         prev, last_id, start = GENESIS, None, "-"
         checkpoint = self._checkpoints.get(tenant) if since_checkpoint else None
@@ -669,11 +689,17 @@ class ReceiptStore:
         return VerifyResult(tenant, True, hashed, last_id, prev)
 
     async def tenants(self) -> list[str]:
-        """Every tenant with a chain (a key under this prefix). One SCAN: one node's keys."""
+        """Every tenant with a chain (a key under this prefix): a SCAN of the server, or of every
+        primary of a cluster."""
         found: set[str] = set()
+        pattern = f"{self._prefix}:{{*}}:*"
 
         async def scan() -> None:
-            async for key in self._redis.scan_iter(match=f"{self._prefix}:{{*}}:*", count=1000):
+            if isinstance(self._redis, RedisCluster):
+                keys = self._redis.scan_iter(match=pattern, count=1000, target_nodes=RedisCluster.PRIMARIES)
+            else:
+                keys = self._redis.scan_iter(match=pattern, count=1000)
+            async for key in keys:
                 name = _text(key)[len(self._prefix) + 2 :]
                 for suffix in ("}:stream", "}:head"):
                     if name.endswith(suffix) and valid_tenant(name[: -len(suffix)]):
@@ -757,7 +783,11 @@ def verify_cli(
     out = out or sys.stdout
 
     async def run() -> int:
-        store = ReceiptStore.from_url(url, timeout=timeout)
+        try:
+            store = ReceiptStore.from_url(url, timeout=timeout)
+        except ValueError as exc:  # a malformed REDIS_URL: the message names no password
+            print(f"receipts verify: {exc}", file=out)
+            return 2
         try:
             tenants = [tenant] if tenant is not None else await store.tenants()
             if not tenants:
