@@ -32,6 +32,8 @@ in one slot, so the append script and the verify snapshot work on Redis Cluster)
     <prefix>:{<tenant>}:head     a string: the hash of the chain's last record
     <prefix>:{<tenant>}:turn     a short-lived string (50 ms): the writer whose turn it is to
                                  append after losing a race (liveness only, see below)
+    <prefix>:{<tenant>}:call     a short-lived string (10 min): the token of the last call that
+                                 appended, so a call sent twice appends once
 
 Append is a compare-and-set, because Redis has no SHA-256 in Lua: the hash is computed here against
 the head we believe in, and one Lua script checks that the head key still equals that `prev`, then
@@ -325,19 +327,27 @@ class _Checkpoint:
     hash: str
 
 
-# KEYS[1] stream, KEYS[2] head, KEYS[3] turn; ARGV[1] the prev we hashed against, ARGV[2] genesis,
-# ARGV[3] this writer's id, ARGV[4] how long a turn lasts (ms), ARGV[5] the fence: the last moment
-# (Redis's clock, ms) at which the caller still waits, then ARGV[6..] pairs (C, hash) of one or more
-# records already chained to each other locally, the first one to ARGV[1].
+# KEYS[1] stream, KEYS[2] head, KEYS[3] turn, KEYS[4] the last appending call; ARGV[1] the prev we
+# hashed against, ARGV[2] genesis, ARGV[3] this writer's id, ARGV[4] how long a turn lasts (ms),
+# ARGV[5] the fence: the last moment (Redis's clock, ms) at which the caller still waits, ARGV[6]
+# this call's random token, then ARGV[7..] pairs (C, hash) of one or more records already chained to
+# each other locally, the first one to ARGV[1].
 # Answers {1, id, id, ...} when all were appended; {2, head} on a lost race that earned this writer
 # the next turn; {0, head} on a lost race (or while another writer's turn lasts); {-1, ""} when the
 # head key is gone while the stream still has records (appending from genesis would fork the chain);
-# {3, ""} when the script runs after the fence: a caller that gave up must not get its record in.
+# {3, ""} when the script runs after the fence: a caller that gave up must not get its record in;
+# {4, head} when this call's token is the last appending call's: the same call ran before (its
+# answer was lost with the connection and the client sent it again), nothing is appended twice.
+# (A token, not the head hash: two exchanges with equal fields in one millisecond, chained onto
+# the same prev, hash alike; only the second one's re-chaining keeps both.)
 #
 # The turn is only about liveness: a writer that keeps its own head cached would otherwise win
 # every race against writers that first have to learn the new head. The first loser takes the turn;
 # while it lasts only its holder may append; its append ends it. The CAS alone keeps the chain whole.
 _APPEND_LUA = """
+if redis.call('GET', KEYS[4]) == ARGV[6] then
+  return {4, redis.call('GET', KEYS[2]) or ''}
+end
 local now = redis.call('TIME')
 if tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) > tonumber(ARGV[5]) then
   return {3, ''}
@@ -353,11 +363,12 @@ local turn = redis.call('GET', KEYS[3])
 if head == ARGV[1] and (not turn or turn == ARGV[3]) then
   local out = {1}
   local last = head
-  for i = 6, #ARGV, 2 do
+  for i = 7, #ARGV, 2 do
     out[#out + 1] = redis.call('XADD', KEYS[1], '*', 'r', ARGV[i], 'h', ARGV[i + 1])
     last = ARGV[i + 1]
   end
   redis.call('SET', KEYS[2], last)
+  redis.call('SET', KEYS[4], ARGV[6], 'PX', 600000)
   if turn then
     redis.call('DEL', KEYS[3])
   end
@@ -425,10 +436,11 @@ class ReceiptStore:
     `timeout` bounds every Redis call, and a whole `append` (queueing, retries and all): a receipt
     sits on the request path. The append script carries a fence, the caller's deadline in Redis's
     clock less FENCE_MARGIN_MS, and does nothing once it has passed: a caller told "timed out" does
-    not get its record written later by a slow Redis. The writes go through `writer`, a client
-    that never re-sends a command (a re-sent script whose first run succeeded would append twice).
-    What remains: a connection lost after the script ran and before its answer arrived leaves the
-    record of a request its caller then refused; never a forwarded request without its record.
+    not get its record written later by a slow Redis. A script whose answer was lost with its
+    connection is sent once more: a second run of a call that already appended finds that call's
+    token as the last appending call's and appends nothing (status 4), so nothing is chained twice. What
+    remains: when the second send fails too, the record of a request its caller then refused may
+    be in the chain; never a forwarded request without its record.
     """
 
     def __init__(
@@ -467,10 +479,11 @@ class ReceiptStore:
     def from_url(cls, url: str, *, timeout: float = 0.25, **kwargs: object) -> ReceiptStore:
         """A store with its own clients for REDIS_URL `url` (one server, `redis+cluster://` or
         `redis+sentinel://`; a malformed URL is a `RedisUrlError`, a ValueError), socket timeouts =
-        `timeout`: reads reconnect once at once (a restarted Redis), the append script is never
-        re-sent."""
+        `timeout`: both clients reconnect once at once (a restarted Redis). Sending the append
+        script again is safe: a second run of a call that already appended finds its own last hash
+        at the head and appends nothing (status 4)."""
         client = connect(url, timeout=timeout, retries=1)
-        writer = connect(url, timeout=timeout, retries=0)
+        writer = connect(url, timeout=timeout, retries=1)
         return cls(client, writer=writer, timeout=timeout, **kwargs)  # type: ignore[arg-type]
 
     async def aclose(self) -> None:
@@ -494,6 +507,11 @@ class ReceiptStore:
         if not valid_tenant(tenant):
             raise ValueError("not a tenant name")
         return f"{self._prefix}:{{{tenant}}}:turn"
+
+    def call_key(self, tenant: str) -> str:
+        if not valid_tenant(tenant):
+            raise ValueError("not a tenant name")
+        return f"{self._prefix}:{{{tenant}}}:call"
 
     async def _call(self, awaitable: Awaitable[_T]) -> _T:
         try:
@@ -609,13 +627,14 @@ class ReceiptStore:
         return int(time.time() * 1000 + clock[0] + remaining_ms - FENCE_MARGIN_MS)
 
     async def _append_locked(self, tenant: str, batch: list[ReceiptFields], deadline: float) -> list[Receipt]:
-        keys = [self.stream_key(tenant), self.head_key(tenant), self.turn_key(tenant)]
+        keys = [self.stream_key(tenant), self.head_key(tenant), self.turn_key(tenant), self.call_key(tenant)]
         records = [receipt_fields.record() for receipt_fields in batch]
         prev = self._heads.get(tenant, GENESIS)
         for _ in range(self._max_attempts):
             chained: list[tuple[str, str]] = []  # (prev, hash) of each record
             fence = await self._fence(tenant, deadline)
-            args: list[object] = [prev, GENESIS, self._writer_id, self._turn_ms, fence]
+            token = secrets.token_hex(8)  # this attempt's; a re-send of it carries the same
+            args: list[object] = [prev, GENESIS, self._writer_id, self._turn_ms, fence, token]
             link = prev
             for record in records:
                 canonical = canonical_json({**record, "prev": link})
@@ -625,7 +644,7 @@ class ReceiptStore:
                 link = digest
             answer = await self._append_script(keys=keys, args=args)
             status = answer[0]
-            if status == 1:
+            if status in (1, 4):  # appended now, or by this same call's earlier run
                 self._heads[tenant] = link
                 return [
                     Receipt.chained(receipt_fields, p, h)

@@ -180,12 +180,17 @@ def test_tampered_chain_is_a_409_naming_the_record(audited: RunningStack) -> Non
 
 
 def test_two_servers_on_one_redis_make_one_chain(tmp_path: Path) -> None:
-    """Two independent stacks (two supervisors, two workers each) append to one chain at once."""
+    """Two independent stacks (two supervisors, two workers each) append to one chain at once.
+
+    Four workers, two Envoys, Redis, the upstream and 16 clients share two cores here: a receipt
+    append can wait past the default 250 ms for the CPU alone, which the stack rightly refuses
+    (503 audit). This test is about the chain under concurrency, so its stacks wait longer."""
+    patient = {"REDIS_TIMEOUT_MS": "3000"}
     with (
         redis_server(tmp_path / "shared") as server,
         FakeUpstream() as upstream,
-        running_stack(tmp_path / "a", redis=server, upstream=upstream) as a,
-        running_stack(tmp_path / "b", redis=server, upstream=upstream) as b,
+        running_stack(tmp_path / "a", redis=server, upstream=upstream, **patient) as a,
+        running_stack(tmp_path / "b", redis=server, upstream=upstream, **patient) as b,
     ):
         ports = [a.settings.listen_port, b.settings.listen_port]
 

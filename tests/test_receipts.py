@@ -27,6 +27,7 @@ from redis.asyncio import Redis
 
 from ext_proc import receipts
 from ext_proc.receipts import (
+    _APPEND_LUA,
     GENESIS,
     ChainBroken,
     Receipt,
@@ -746,9 +747,10 @@ class _ReplyDropper:
         await asyncio.gather(pump(client_r, redis_w, False), pump(redis_r, client_w, True))
 
 
-def test_a_lost_reply_is_never_resent(redis_url: str) -> None:
-    """The script ran but its answer was lost: the caller gets an error, the record is in the chain
-    once (the append is not re-sent, so it cannot be chained onto itself)."""
+def test_a_lost_reply_is_sent_again_and_appends_once(redis_url: str) -> None:
+    """The script ran but its answer was lost with the connection: the client sends it once more,
+    the second run finds this call's own hash at the head and appends nothing, and the caller gets
+    its receipt: the record is in the chain once."""
     port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
 
     async def scenario() -> None:
@@ -758,12 +760,12 @@ def test_a_lost_reply_is_never_resent(redis_url: str) -> None:
         try:
             await store.append(fields("dropped", 0))
             proxy.armed = True
-            with pytest.raises(ReceiptError):
-                await store.append(fields("dropped", 1))
+            second = await store.append(fields("dropped", 1))
+            assert not proxy.armed  # the answer was dropped: the receipt came from the second run
             third = await store.append(fields("dropped", 2))
             stored = await entries(redis_url, "dropped")
-            assert len(stored) == 3  # first, the one whose answer was lost, third: no duplicate
-            assert third.prev == stored[1][1][b"h"].decode()
+            assert [entry[b"h"].decode() for _, entry in stored][1:] == [second.hash, third.hash]
+            assert third.prev == second.hash
         finally:
             await store.aclose()
             assert proxy.server is not None
@@ -771,6 +773,38 @@ def test_a_lost_reply_is_never_resent(redis_url: str) -> None:
 
     run(scenario())
     assert run(verify(redis_url, "dropped")).ok
+
+
+def test_a_second_run_of_the_same_call_appends_nothing(redis_url: str) -> None:
+    """The script itself: the same call twice appends once; the second answer says so."""
+
+    async def scenario() -> None:
+        store = ReceiptStore.from_url(redis_url, timeout=1.0)
+        client = Redis.from_url(redis_url)
+        try:
+            first = await store.append(fields("twice", 0))
+            keys = [store.stream_key("twice"), store.head_key("twice")]
+            keys += [store.turn_key("twice"), store.call_key("twice")]
+            record = {**fields("twice", 1).record(), "prev": first.hash}
+            canonical = canonical_json(record)
+            digest = chain_hash(first.hash, record)
+            fence = (await client.time())[0] * 1000 + 60_000
+            args = [first.hash, GENESIS, "w", 50, fence, "token-1", canonical, digest]
+            script = client.register_script(_APPEND_LUA)
+            assert (await script(keys=keys, args=args))[0] == 1
+            again = await script(keys=keys, args=args)
+            assert again[0] == 4 and again[1].decode() == digest
+            assert len(await entries(redis_url, "twice")) == 2
+            # Another call with the very same record (equal fields, same prev) is no re-send: it
+            # loses the race and is chained after, so two exchanges keep two records.
+            other = await script(keys=keys, args=[*args[:5], "token-2", *args[6:]])
+            assert other[0] in (0, 2) and other[1].decode() == digest
+        finally:
+            await store.aclose()
+            await client.aclose()
+
+    run(scenario())
+    assert run(verify(redis_url, "twice")).ok
 
 
 def test_a_failing_batch_fails_its_callers_at_once(redis_url: str) -> None:
