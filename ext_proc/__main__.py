@@ -37,6 +37,7 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from ext_proc import server
+    from ext_proc.policy import PolicyError
 
     settings = _settings(args)
     try:
@@ -45,6 +46,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return server.serve(settings)
     except ConfigError as exc:
         raise SystemExit(f"configuration error: {exc}") from None
+    except PolicyError as exc:
+        raise SystemExit(f"policy error: {exc}") from None
 
 
 def cmd_receipts_verify(args: argparse.Namespace) -> int:

@@ -115,7 +115,7 @@ class Settings:
     openai_upstream: Upstream | None  # None: the bundled fake upstream
     anthropic_upstream: Upstream | None
     admin_token: str | None
-    tenant_secret: str | None
+    tenant_secret: str | None  # None: consistent pseudonyms refused (policy load names the file)
     trust_tenant_header: bool
     max_body_bytes: int
     run_dir: Path
@@ -155,7 +155,7 @@ class Settings:
             openai_upstream=parse_upstream("openai", openai) if openai else None,
             anthropic_upstream=parse_upstream("anthropic", anthropic) if anthropic else None,
             admin_token=_secret(env, "ADMIN_TOKEN", MIN_ADMIN_TOKEN_CHARS),
-            tenant_secret=env.get("TENANT_SECRET") or None,
+            tenant_secret=_secret(env, "TENANT_SECRET", MIN_SECRET_CHARS),
             trust_tenant_header=_bool(env, "TRUST_TENANT_HEADER", False),
             max_body_bytes=_int(env, "MAX_BODY_BYTES", 33554432, low=1024, high=2**30),
             run_dir=Path(env.get("RUN_DIR", ".run")),

@@ -11,7 +11,7 @@ import traceback
 from pathlib import Path
 from typing import Literal
 
-Stage = Literal["request", "policy", "detection", "egress", "media", "audit", "routing", "admin"]
+Stage = Literal["request", "policy", "detection", "egress", "media", "vault", "audit", "routing", "admin"]
 
 
 class Refusal(Exception):

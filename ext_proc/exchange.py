@@ -29,13 +29,14 @@ from ext_proc.errors import DetectionError, Refusal, describe
 from ext_proc.media import MediaPart
 from ext_proc.metrics import Metrics
 from ext_proc.ocr import MaskError, OcrPool, OcrTimeout, fuzzy_pattern, ocr_can_read
-from ext_proc.placeholders import PlaceholderMap
+from ext_proc.placeholders import PlaceholderMap, PseudonymMap
 from ext_proc.policy import MEDIA_STRICTNESS, MODE_STRICTNESS, MODES, Policy, PolicySet, less_strict_knobs
 from ext_proc.receipts import Decision, Egress, ReceiptError, ReceiptFields, ReceiptStore, ref_digest
 from ext_proc.redact import Replacement, resolve_overlaps, reversible, rewrite, strip
-from ext_proc.restore import Restorer, SseRestorer, restore_json_body
+from ext_proc.restore import PseudonymRestorer, Restorer, SseRestorer, restore_json_body, restorer_for
 from ext_proc.subject_header import SubjectHeader, SubjectHeaderError, parse_subject_header
 from ext_proc.subjects import CompiledSubjects, compile_subjects
+from ext_proc.vault import Vault, VaultError
 from ext_proc.walk import LeafWalker, dump_json, parse_json
 
 log = logging.getLogger("cordon.exchange")
@@ -60,7 +61,8 @@ UNREAD_HEADERS = frozenset({"authorization", "x-api-key", SUBJECT_HEADER, "conte
 class Runtime:
     """What every exchange of one worker shares: read-only after start (reload swaps `policies`).
 
-    `receipts` None means no receipt store: every append fails, as if Redis were down.
+    `receipts` None means no receipt store: every append fails, as if Redis were down. `vault`
+    None means no TENANT_SECRET: policies with consistent pseudonyms were refused at load.
     """
 
     policies: PolicySet
@@ -70,6 +72,7 @@ class Runtime:
     trust_tenant_header: bool = False
     metrics: Metrics = field(default_factory=Metrics)
     ocr: OcrPool | None = None  # None: media masking refuses (422)
+    vault: Vault | None = None
     # Large bodies are read here, one at a time: several at once in one process only fight over
     # the GIL (slower each, and each holding its parsed copies in memory at the same time).
     large_bodies: ThreadPoolExecutor = field(
@@ -131,7 +134,7 @@ class Exchange:
     route: RouteInfo | None = None
     policy: Policy | None = None
     provider: str = "openai"
-    pmap: PlaceholderMap = field(default_factory=PlaceholderMap)
+    pmap: PlaceholderMap | PseudonymMap = field(default_factory=PlaceholderMap)
     counts: Counter[str] = field(default_factory=Counter)
     decision: Decision | None = None  # set once the request is released or refused
     stage: str | None = None
@@ -148,7 +151,9 @@ class Exchange:
     _media_parts: list[MediaPart] | None = None
     pending_mask: tuple[bytes, Any] | None = None  # (raw body, parsed doc) waiting for OCR
     response_kind: str = "none"  # none | buffered | sse
+    restorer: Restorer | None = None
     sse: SseRestorer | None = None
+    vault_down: bool = False  # a vault read failed: later placeholders are not looked up
     started: float = field(default_factory=time.perf_counter)
     timings: dict[str, float] = field(default_factory=dict)
     logged: bool = False
@@ -161,14 +166,14 @@ class Exchange:
         """One message from Envoy → its answer (preceded, while OCR runs, by a longer timeout).
 
         The receipt is written here, before the request's last message is answered: nothing is
-        released upstream without its record in Redis.
+        released upstream without its record in Redis; nor, with consistent pseudonyms, without its
+        placeholders in the vault. Reply chunks that name placeholders of earlier requests wait here
+        for the vault, too.
         """
-        if offload:
-            # Reading a large body takes long enough to starve the health checks and the other
-            # exchanges of this worker; a thread keeps the event loop answering.
-            response = await self.runtime.offload(self.handle, request)
+        if isinstance(self.restorer, PseudonymRestorer) and request.HasField("response_body"):
+            response = await self.restore_with_vault(request, self.restorer, offload)
         else:
-            response = self.handle(request)
+            response = await self.run(request, offload)
         if self.admin_request is not None:
             headers, self.admin_request = self.admin_request, None
             yield await admin.answer(
@@ -187,11 +192,20 @@ class Exchange:
             yield envoy.extend_timeout(min(MAX_MESSAGE_TIMEOUT, self.runtime.ocr.budget + 10))
             response = await self.finish_masked(offload)
         if self.decision is not None and not self.sealed and response is not None:
+            if isinstance(self.pmap, PseudonymMap) and self.pmap and self.decision == "forwarded":
+                response = await self.store_pseudonyms(response)
             response = await self.seal(response)
             if self.decision == "refused":
                 self.finish_log()
         if response is not None:
             yield response
+
+    async def run(self, request: pb.ProcessingRequest, offload: bool) -> pb.ProcessingResponse | None:
+        if offload:
+            # Reading a large body takes long enough to starve the health checks and the other
+            # exchanges of this worker; a thread keeps the event loop answering.
+            return await self.runtime.offload(self.handle, request)
+        return self.handle(request)
 
     def handle(self, request: pb.ProcessingRequest) -> pb.ProcessingResponse | None:
         phase = request.WhichOneof("request")
@@ -219,6 +233,7 @@ class Exchange:
             return None
         self.select_policy(headers)
         assert self.policy is not None
+        self.choose_placeholders()
         self.route = classify(headers.route_name, path)
         if self.route is None:
             raise Refusal(404, "routing", "no upstream is configured for this path", code="not_found")
@@ -287,6 +302,18 @@ class Exchange:
         raw_mode = headers.get(MODE_HEADER)
         if raw_mode is not None:
             self.policy = self.override_mode(self.policy, raw_mode.strip().lower())
+
+    def choose_placeholders(self) -> None:
+        """Consistent pseudonyms for a tenant that restores and wants them; per-request otherwise
+        (strip writes markers, and under reportOnly nothing leaves redacted to be restored)."""
+        policy = self.policy
+        assert policy is not None
+        if not policy.consistent_pseudonyms or policy.mode != "reversible" or policy.report_only:
+            return
+        if self.runtime.vault is None:
+            # Policies that need TENANT_SECRET are refused at load without it: not reached.
+            raise Refusal(503, "vault", "consistent pseudonyms are not configured (TENANT_SECRET)")
+        self.pmap = PseudonymMap(self.runtime.vault.pseudonym_key(policy.tenant))
 
     @staticmethod
     def override_mode(policy: Policy, wanted: str) -> Policy:
@@ -592,13 +619,16 @@ class Exchange:
             and self.policy is not None
             and self.policy.mode == "reversible"
             and not self.policy.report_only  # the upstream saw the original: nothing to restore
-            and bool(self.pmap)
+            # Consistent pseudonyms: the reply may name those of earlier requests, in the vault.
+            and (bool(self.pmap) or isinstance(self.pmap, PseudonymMap))
             and encoding == "identity"
         )
+        if needs_restore:
+            self.restorer = restorer_for(self.pmap)
         if needs_restore and content_type.startswith("text/event-stream"):
             self.response_kind = "sse"
-            assert self.route is not None
-            self.sse = SseRestorer(Restorer(self.pmap), self.route.dialect.name)
+            assert self.route is not None and self.restorer is not None
+            self.sse = SseRestorer(self.restorer, self.route.dialect.name)
             mode = envoy.body_modes(envoy.NONE, envoy.STREAMED)
             return envoy.response_headers(remove=("content-length",), set_headers=receipt, mode=mode)
         if needs_restore and content_type.startswith(TEXT_TYPES):
@@ -620,13 +650,98 @@ class Exchange:
                 return envoy.response_body()
             return envoy.response_body(out, set_length=False)
         if self.response_kind == "buffered":
-            restored = restore_json_body(chunk, self.route.dialect.name, Restorer(self.pmap))
+            assert self.restorer is not None
+            restored = restore_json_body(chunk, self.route.dialect.name, self.restorer)
             if body.end_of_stream:
                 self.finish_log()
             if restored == chunk:
                 return envoy.response_body()
             return envoy.response_body(restored)
         return envoy.response_body()
+
+    # --- the vault (consistent pseudonyms) ------------------------------------------------------
+
+    async def store_pseudonyms(self, response: pb.ProcessingResponse) -> pb.ProcessingResponse:
+        """Write this request's pseudonyms to the vault before its body is released: a later reply
+        that names one must find it. A failure refuses the request (503 `vault`), whatever failMode
+        says: forwarded, its placeholders could come back where nothing can restore them.
+        """
+        assert isinstance(self.pmap, PseudonymMap) and self.policy is not None
+        if response.HasField("immediate_response"):
+            return response
+        vault = self.runtime.vault
+        start = time.perf_counter()
+        try:
+            if vault is None:
+                raise VaultError("no vault is configured")
+            await vault.put(self.policy.tenant, self.pmap.originals, self.policy.vault_ttl_seconds)
+        except VaultError as exc:
+            self.runtime.metrics.inc("cordon_vault_errors_total", op="write")
+            self.vault_log(logging.ERROR, "vault_write_failed", placeholders=len(self.pmap), reason=str(exc))
+            message = "the pseudonym vault could not be written; the request was not forwarded"
+            return self.refuse(Refusal(503, "vault", message))
+        finally:
+            self.timings["vault_write_ms"] = round((time.perf_counter() - start) * 1000, 3)
+        self.runtime.metrics.inc("cordon_vault_writes_total", len(self.pmap))
+        return response
+
+    async def restore_with_vault(
+        self, request: pb.ProcessingRequest, restorer: PseudonymRestorer, offload: bool
+    ) -> pb.ProcessingResponse | None:
+        """A reply chunk restored with consistent pseudonyms: when it names placeholders this
+        request's map lacks, they are looked up in the vault and the chunk is restored again from
+        the state before it; the first run's answer, which left them as they were, is dropped.
+        (So the response-body phase may run twice for one chunk: it keeps no other state.)"""
+        before = self.sse.checkpoint() if self.sse is not None else None
+        response = await self.run(request, offload)
+        wanted = restorer.take_unresolved()
+        if restorer.skipped:
+            self.runtime.metrics.inc("cordon_vault_unrestored_total", restorer.skipped, reason="limit")
+            restorer.skipped = 0
+        if not wanted:
+            return response
+        await self.look_up(restorer, wanted)
+        if before is not None and self.sse is not None:
+            self.sse.rollback(before)
+        return await self.run(request, offload)
+
+    async def look_up(self, restorer: PseudonymRestorer, wanted: set[str]) -> None:
+        """Ask the vault for placeholders of earlier requests. Unavailable: they stay placeholders,
+        counted and logged (never the placeholders or values), and this exchange stops asking."""
+        assert self.policy is not None
+        metrics = self.runtime.metrics
+        vault = self.runtime.vault
+        found: dict[str, str] = {}
+        if not self.vault_down:
+            start = time.perf_counter()
+            try:
+                if vault is None:
+                    raise VaultError("no vault is configured")
+                read = await vault.get(self.policy.tenant, wanted)
+            except VaultError as exc:
+                self.vault_down = True
+                metrics.inc("cordon_vault_errors_total", op="read")
+                self.vault_log(
+                    logging.WARNING, "vault_read_failed", placeholders=len(wanted), reason=str(exc)
+                )
+            else:
+                found = dict(read.found)
+                metrics.inc("cordon_vault_lookups_total", len(found), result="hit")
+                metrics.inc("cordon_vault_lookups_total", len(wanted) - len(found), result="miss")
+                if read.invalid:
+                    metrics.inc("cordon_vault_invalid_entries_total", read.invalid)
+                    self.vault_log(logging.WARNING, "vault_entries_invalid", entries=read.invalid)
+            finally:
+                ms = round((time.perf_counter() - start) * 1000, 3)
+                self.timings["vault_read_ms"] = self.timings.get("vault_read_ms", 0) + ms
+        if self.vault_down:
+            metrics.inc("cordon_vault_unrestored_total", len(wanted), reason="unavailable")
+        restorer.learn(found, wanted)
+
+    def vault_log(self, level: int, event: str, **fields: object) -> None:
+        """A vault event for the log: counts and reasons only, never a placeholder or a value."""
+        tenant = self.policy.tenant if self.policy else None
+        log.log(level, json.dumps({"event": event, "tenant": tenant, **fields}))
 
     # --- decisions ----------------------------------------------------------------------------
 

@@ -37,6 +37,17 @@ HELP = {
     ),
     "cordon_receipts_total": ("counter", "Receipts appended to the chains."),
     "cordon_redis_errors_total": ("counter", "Receipt appends that failed (Redis down, slow or refusing)."),
+    "cordon_vault_writes_total": ("counter", "Pseudonyms written to (or kept alive in) the vault."),
+    "cordon_vault_errors_total": (
+        "counter",
+        "Vault operations that failed, by op (a write refuses its request).",
+    ),
+    "cordon_vault_lookups_total": ("counter", "Placeholders of earlier requests looked up, by result."),
+    "cordon_vault_unrestored_total": (
+        "counter",
+        "Placeholders left in a reply unrestored because the vault was unavailable or over the limit.",
+    ),
+    "cordon_vault_invalid_entries_total": ("counter", "Vault entries that did not decrypt (read as absent)."),
     "cordon_policy_reload_errors_total": ("counter", "Policy files that failed to reload (last good kept)."),
     "cordon_policy_reloads_total": ("counter", "Policy reloads that changed the policy set."),
     "cordon_phase_seconds": ("histogram", "Time per pipeline phase."),

@@ -32,10 +32,13 @@ PROVIDERS = ("openai", "anthropic")
 DEFAULT_TENANT = "default"
 
 # Knobs this version validates but cannot honour yet: a file that turns one on is refused at load
-# time (naming the knob) instead of being silently weaker than it reads.
-NOT_YET_SUPPORTED: dict[str, str] = {
-    "consistentPseudonyms": "consistent pseudonyms (and the vault) are not implemented yet",
-}
+# time (naming the knob) instead of being silently weaker than it reads. (None at the moment.)
+NOT_YET_SUPPORTED: dict[str, str] = {}
+
+# How long the vault keeps a consistent pseudonym's value after the last request that sent it.
+DEFAULT_VAULT_TTL_SECONDS = 86400
+MIN_VAULT_TTL_SECONDS = 60
+MAX_VAULT_TTL_SECONDS = 30 * 86400
 
 
 class PolicyError(ValueError):
@@ -55,6 +58,7 @@ class Policy:
     fail_mode: FailMode = "closed"
     redact_system: bool = True
     consistent_pseudonyms: bool = False
+    vault_ttl_seconds: int = DEFAULT_VAULT_TTL_SECONDS
     require_subject: bool = False
     subject_media: MediaPolicy = "block"
     report_only: bool = False
@@ -62,6 +66,11 @@ class Policy:
     upstreams: frozenset[str] = frozenset(PROVIDERS)
     skip_documentation_ips: bool = False
     source: str = ""
+
+    @property
+    def vault_retention(self) -> int:
+        """Seconds the vault keeps this tenant's values: the TTL, or 0 without consistent pseudonyms."""
+        return self.vault_ttl_seconds if self.consistent_pseudonyms else 0
 
 
 def _bool(source: Path, key: str, value: object) -> bool:
@@ -74,6 +83,12 @@ def _choice(source: Path, key: str, value: object, choices: Iterable[str]) -> st
     options = tuple(choices)
     if not isinstance(value, str) or value not in options:
         raise PolicyError(source, key, "must be one of " + ", ".join(options))
+    return value
+
+
+def _seconds(source: Path, key: str, value: object, low: int, high: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise PolicyError(source, key, f"must be a whole number of seconds from {low} to {high}")
     return value
 
 
@@ -124,6 +139,10 @@ _PARSERS: dict[str, Any] = {
     "failMode": lambda src, v: ("fail_mode", _choice(src, "failMode", v, FAIL_MODES)),
     "redactSystem": lambda src, v: ("redact_system", _bool(src, "redactSystem", v)),
     "consistentPseudonyms": lambda src, v: ("consistent_pseudonyms", _bool(src, "consistentPseudonyms", v)),
+    "vaultTtlSeconds": lambda src, v: (
+        "vault_ttl_seconds",
+        _seconds(src, "vaultTtlSeconds", v, MIN_VAULT_TTL_SECONDS, MAX_VAULT_TTL_SECONDS),
+    ),
     "requireSubject": lambda src, v: ("require_subject", _bool(src, "requireSubject", v)),
     "subjectMedia": lambda src, v: ("subject_media", _choice(src, "subjectMedia", v, MEDIA_POLICIES)),
     "reportOnly": lambda src, v: ("report_only", _bool(src, "reportOnly", v)),
@@ -199,6 +218,31 @@ def load_policy_file(path: str | Path) -> Policy:
     return parse_policy(source, data)
 
 
+# What a policy needs from the deployment beyond its own file (a secret in the environment). The
+# server and `make up` apply it at load and reload; `policy check` does not (it is for CI, which
+# holds no secrets). Raises PolicyError naming the file and the knob.
+PolicyCheck = Callable[[Policy], None]
+
+
+def deployment_check(*, tenant_secret: bool) -> PolicyCheck:
+    """The check for a deployment with (or without) a usable TENANT_SECRET."""
+
+    def check(policy: Policy) -> None:
+        if policy.consistent_pseudonyms and not tenant_secret:
+            raise PolicyError(
+                policy.source,
+                "consistentPseudonyms",
+                "needs TENANT_SECRET, which is unset: set it (at least 32 random characters, the same "
+                "on every replica) or turn consistentPseudonyms off",
+            )
+
+    return check
+
+
+def _no_check(policy: Policy) -> None:
+    return None
+
+
 def hash_api_key(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
@@ -260,16 +304,26 @@ def _policy_set(root: Path, policies: Iterable[Policy]) -> PolicySet:
     return PolicySet(tenants=tenants, by_key=by_key)
 
 
-def load_policy_dir(directory: str | Path) -> PolicySet:
-    """Every policy file of `directory`, validated; the first problem is raised (start is strict)."""
+def _load_checked(path: Path, check: PolicyCheck) -> Policy:
+    policy = load_policy_file(path)
+    check(policy)
+    return policy
+
+
+def load_policy_dir(directory: str | Path, *, check: PolicyCheck = _no_check) -> PolicySet:
+    """Every policy file of `directory`, validated (and `check`ed); the first problem is raised
+    (start is strict)."""
     root = Path(directory)
-    return _policy_set(root, (load_policy_file(path) for path in _policy_files(root)))
+    return _policy_set(root, (_load_checked(path, check) for path in _policy_files(root)))
 
 
-def reload_policy_dir(directory: str | Path, previous: PolicySet) -> tuple[PolicySet, list[PolicyError]]:
+def reload_policy_dir(
+    directory: str | Path, previous: PolicySet, *, check: PolicyCheck = _no_check
+) -> tuple[PolicySet, list[PolicyError]]:
     """Re-read `directory` after a change, falling back per file; never raises PolicyError.
 
-    A file that no longer loads keeps the policy `previous` loaded from the same path (matched on
+    A file that no longer loads (or fails `check`) keeps the policy `previous` loaded from the same
+    path (matched on
     `Policy.source`, so pass the directory spelled as it was at start); a new file that does not
     load is left out. Either way its error is returned. A deleted file drops its tenant, whose keys
     then select the default. If the merged set breaks a rule that spans files (a tenant defined
@@ -286,7 +340,7 @@ def reload_policy_dir(directory: str | Path, previous: PolicySet) -> tuple[Polic
     errors: list[PolicyError] = []
     for path in paths:
         try:
-            policies.append(load_policy_file(path))
+            policies.append(_load_checked(path, check))
         except PolicyError as exc:
             errors.append(exc)
             kept = kept_by_source.get(str(path))
@@ -354,6 +408,7 @@ _STRICTNESS: tuple[_Knob, ...] = (
     _Knob("failMode", "fail_mode", _ranked(FAIL_MODE_STRICTNESS)),
     _Knob("redactSystem", "redact_system", _ranked(_TRUE_IS_STRICTER)),
     _Knob("consistentPseudonyms", "consistent_pseudonyms", _ranked(_FALSE_IS_STRICTER)),
+    _Knob("vaultTtlSeconds", "vault_retention", lambda target, base: base == 0 or target <= base),
     _Knob("requireSubject", "require_subject", _ranked(_TRUE_IS_STRICTER)),
     _Knob("subjectMedia", "subject_media", _ranked(MEDIA_STRICTNESS)),
     _Knob("reportOnly", "report_only", _ranked(_FALSE_IS_STRICTER)),
@@ -378,6 +433,10 @@ def less_strict_knobs(target: Policy, base: Policy) -> list[str]:
     - redactSystem: false < true. False leaves system prompts and instructions unread.
     - consistentPseudonyms: true < false. Placeholders stable across requests let the model link
       the same value between conversations; per-request placeholders link nothing across them.
+    - vaultTtlSeconds: longer < shorter, between two tenants that both keep values in the vault
+      (consistent pseudonyms): a longer TTL keeps them, encrypted, for longer. The TTL of a tenant
+      that keeps nothing never counts; a target that keeps values where the base keeps none is
+      already less strict on consistentPseudonyms.
     - requireSubject: false < true. False lets a request through without declared subjects.
     - subjectMedia: allow < mask < block. Allow forwards images as they are; mask forwards what OCR
       could paint over (and OCR can miss); block forwards no media.

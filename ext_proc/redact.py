@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 
 from ext_proc.findings import Finding
-from ext_proc.placeholders import PlaceholderMap, strip_marker
+from ext_proc.placeholders import Placeholders, strip_marker
 
 SUBJECT_PRIORITY_LIMIT = 10  # priorities below this are declared-subject matchers
 
@@ -49,7 +49,7 @@ def resolve_overlaps(findings: Iterable[Finding]) -> list[Finding]:
 Replacement = Callable[[Finding, str], str]
 
 
-def reversible(pmap: PlaceholderMap) -> Replacement:
+def reversible(pmap: Placeholders) -> Replacement:
     return lambda finding, original: pmap.placeholder_for(finding.label, original)
 
 

@@ -11,6 +11,12 @@ typed by a user, or a placeholder of another request, comes back as it was. The 
 what models do to placeholders: dropped angle brackets, changed case, markdown-escaped underscores
 (`\\_`) and brackets written as the JSON escapes `\\u003c` / `\\u003e`.
 
+Consistent pseudonyms (`<EMAIL_{20 hex}>`, ext_proc.placeholders) are stable across requests, so a
+reply may mention one this request never sent: `PseudonymRestorer` restores this request's map
+first and collects the others for the exchange to look up in the tenant's vault (ext_proc.vault)
+before the same bytes are restored again. Only what this request's map or the tenant's vault
+holds is restored; a look-alike a user typed is neither.
+
 Streaming: a placeholder may be split over any number of deltas. Each delta channel (one choice's
 content, one tool call's arguments, one Anthropic content block, …) has a `StreamRestorer` that
 emits everything that can no longer be part of a placeholder at once and holds back only the tail
@@ -24,13 +30,21 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import regex
 
-from .placeholders import NONCE_HEX_CHARS, PlaceholderMap, format_placeholder
+from .placeholders import (
+    NONCE_HEX_CHARS,
+    PSEUDONYM_HEX_CHARS,
+    PSEUDONYM_LABELS,
+    PlaceholderMap,
+    PseudonymMap,
+    format_placeholder,
+    format_pseudonym,
+)
 
 # Strings that are themselves JSON text: an original inserted there must be JSON-string-escaped,
 # because the placeholder sits inside a JSON string inside that text (tool-call arguments).
@@ -43,6 +57,20 @@ _LOOKBEHIND = 3
 
 # The grammar of placeholders.py, for checking a map's keys.
 _CANONICAL = regex.compile(rf"<([A-Z0-9_]+)_([0-9a-f]{{{NONCE_HEX_CHARS}}})_([0-9]+)>")
+_CANONICAL_PSEUDONYM = regex.compile(rf"<([A-Z0-9_]+)_([0-9a-f]{{{PSEUDONYM_HEX_CHARS}}})>")
+
+# Where a placeholder may start: an opening bracket (`<` or its JSON escape), or else a word start:
+# neither `xEMAIL_…` nor `SUBJECT2_EMAIL_…` is read as a placeholder of `EMAIL`. Markdown emphasis
+# (`_`, `__`) before a word start is no part of the word; nor is the `n` of a JSON `\n`.
+_OPENING = r"(?:<|\\u003c|(?<![A-Za-z0-9_])|(?<=(?<![A-Za-z0-9_\\])_{1,2})|(?<=\\[nrt]))"
+_CLOSING = r"(?P<close>>|\\u003e)?"
+
+
+def _label_alternation(labels: Iterable[str]) -> str:
+    # Longest label first: where two labels could both match from one position, the longer wins.
+    return "|".join(
+        regex.escape(label).replace("_", r"\\?_") for label in sorted(labels, key=lambda lb: (-len(lb), lb))
+    )
 
 
 @functools.lru_cache(maxsize=512)
@@ -53,21 +81,32 @@ def _pattern_for(labels: tuple[str, ...], digits: int) -> regex.Pattern[str]:
     Compiled once per set of labels, not once per exchange: compiling costs about 0.5 ms, and the
     label sets repeat (EMAIL, PHONE, SUBJECT1_NAME, ...) while every exchange has its own nonce.
     """
-    # Longest label first: where two labels could both match from one position, the longer wins.
-    label_alt = "|".join(
-        regex.escape(label).replace("_", r"\\?_") for label in sorted(labels, key=lambda lb: (-len(lb), lb))
-    )
     return regex.compile(
-        # An opening bracket (`<` or its JSON escape), or else a word start: neither `xEMAIL_…`
-        # nor `SUBJECT2_EMAIL_…` is read as a placeholder of `EMAIL`. Markdown emphasis (`_`,
-        # `__`) before a word start is no part of the word; nor is the `n` of a JSON `\n`.
-        r"(?:<|\\u003c|(?<![A-Za-z0-9_])|(?<=(?<![A-Za-z0-9_\\])_{1,2})|(?<=\\[nrt]))"
-        rf"(?P<label>{label_alt})\\?_(?P<nonce>[0-9a-f]{{{NONCE_HEX_CHARS}}})\\?_"
+        _OPENING
+        + rf"(?P<label>{_label_alternation(labels)})\\?_(?P<nonce>[0-9a-f]{{{NONCE_HEX_CHARS}}})\\?_"
         # The index ends at a non-digit: `_12` is never read as `_1` followed by `2`.
-        rf"(?P<index>[0-9]{{1,{digits}}})(?![0-9])"
-        r"(?P<close>>|\\u003e)?",
+        + rf"(?P<index>[0-9]{{1,{digits}}})(?![0-9])"
+        + _CLOSING,
         regex.IGNORECASE | regex.ASCII,
     )
+
+
+@functools.lru_cache(maxsize=1)
+def _pseudonym_pattern() -> regex.Pattern[str]:
+    """Consistent pseudonyms of every label, in every tolerated form. The digest ends at a
+    character that cannot continue it: `EMAIL_<20 hex>f` is a longer token, not a placeholder."""
+    return regex.compile(
+        _OPENING
+        + rf"(?P<label>{_label_alternation(PSEUDONYM_LABELS)})\\?_"
+        + rf"(?P<digest>[0-9a-f]{{{PSEUDONYM_HEX_CHARS}}})(?![0-9a-z])"
+        + _CLOSING,
+        regex.IGNORECASE | regex.ASCII,
+    )
+
+
+# The cheap pre-check for consistent pseudonyms: a digest right after an underscore, whole.
+_DIGEST_HINT = regex.compile(rf"_[0-9a-fA-F]{{{PSEUDONYM_HEX_CHARS}}}(?![0-9a-zA-Z])")
+_DIGEST_HINT_BYTES = regex.compile(rf"_[0-9a-fA-F]{{{PSEUDONYM_HEX_CHARS}}}(?![0-9a-zA-Z])".encode())
 
 
 def _compact(data: Any) -> bytes:
@@ -139,21 +178,99 @@ class Restorer:
         out.append(s[i:])
         return "".join(out)
 
-    def replacement(self, m: regex.Match[str], json_escaped: bool) -> str:
-        """The original for a match, or the matched text as it was when it is not in the map."""
+    def key_of(self, m: regex.Match[str]) -> str | None:
+        """The canonical placeholder a match stands for, or None when it cannot be one of ours."""
         index = m.group("index")
         if index.startswith("0") or m.group("nonce").lower() != self.nonce:
-            return m.group(0)  # `_01`, or another request's nonce: not ours
-        key = format_placeholder(m.group("label").replace("\\", "").upper(), self.nonce, int(index))
-        original = self._originals.get(key)
+            return None  # `_01`, or another request's nonce: not ours
+        return format_placeholder(m.group("label").replace("\\", "").upper(), self.nonce, int(index))
+
+    def replacement(self, m: regex.Match[str], json_escaped: bool) -> str:
+        """The original for a match, or the matched text as it was when it is not in the map."""
+        key = self.key_of(m)
+        original = self._originals.get(key) if key is not None else None
         if original is None:
             return m.group(0)
         if not json_escaped:
             return original
+        assert key is not None
         escaped = self._escaped.get(key)
         if escaped is None:
             escaped = self._escaped[key] = json.dumps(original, ensure_ascii=False)[1:-1]
         return escaped
+
+
+class PseudonymRestorer(Restorer):
+    """Restores consistent pseudonyms: this request's map first, then what the vault returned.
+
+    Matching does not depend on what is known, so restore runs in two steps where a reply mentions
+    a placeholder the map lacks: a first run restores what it can and collects those placeholders
+    in `unresolved` (at most `max_lookups` per exchange; any further one is counted in `skipped`
+    and left as it is); the caller looks them up (asynchronously, in the vault), hands the answer
+    to `learn`, rolls its stream state back (`SseRestorer.checkpoint`) and runs again. A
+    placeholder the vault does not hold (expired, another tenant's, or typed by a user) is
+    remembered as absent and left as it is.
+    """
+
+    __slots__ = ("_absent", "_budget", "skipped", "unresolved")
+
+    def __init__(self, pmap: PseudonymMap, *, max_lookups: int = 256) -> None:
+        self.nonce = pmap.nonce
+        self._originals = dict(pmap.originals)
+        self._escaped = {}
+        self._nonce_bytes = b""
+        for text in self._originals:
+            m = _CANONICAL_PSEUDONYM.fullmatch(text)
+            if m is None or m.group(1) not in PSEUDONYM_LABELS:
+                raise ValueError("pseudonym map holds a key outside the pseudonym grammar")
+        self.pattern = _pseudonym_pattern()  # always: the vault may know what this request did not send
+        self._absent: set[str] = set()
+        self._budget = max_lookups
+        self.unresolved: set[str] = set()
+        self.skipped = 0
+
+    def has_any(self, data: bytes | str) -> bool:
+        """Cheap pre-check: does `data` hold a whole digest right after an underscore?"""
+        if isinstance(data, str):
+            return _DIGEST_HINT.search(data) is not None
+        return _DIGEST_HINT_BYTES.search(data) is not None
+
+    def key_of(self, m: regex.Match[str]) -> str | None:
+        return format_pseudonym(m.group("label").replace("\\", "").upper(), m.group("digest").lower())
+
+    def replacement(self, m: regex.Match[str], json_escaped: bool) -> str:
+        key = self.key_of(m)
+        if key is not None and not self._known(key):
+            if self._budget > 0:
+                self._budget -= 1
+                self.unresolved.add(key)
+            else:
+                self._absent.add(key)
+                self.skipped += 1
+        return super().replacement(m, json_escaped)
+
+    def _known(self, key: str) -> bool:
+        return key in self._originals or key in self._absent or key in self.unresolved
+
+    def take_unresolved(self) -> set[str]:
+        wanted, self.unresolved = self.unresolved, set()
+        return wanted
+
+    def learn(self, found: Mapping[str, str], asked: Iterable[str]) -> None:
+        """The vault's answer: `found` is restored from now on, the rest of `asked` stays as it is."""
+        for placeholder in asked:
+            original = found.get(placeholder)
+            if original is None:
+                self._absent.add(placeholder)
+            else:
+                self._originals[placeholder] = original
+
+
+def restorer_for(pmap: PlaceholderMap | PseudonymMap) -> Restorer:
+    """The restorer of an exchange's map, per-request or consistent."""
+    if isinstance(pmap, PseudonymMap):
+        return PseudonymRestorer(pmap)
+    return Restorer(pmap)
 
 
 class StreamRestorer:
@@ -180,6 +297,13 @@ class StreamRestorer:
     @property
     def held(self) -> str:
         return self._held
+
+    def save(self) -> tuple[str, str]:
+        """The held tail and its context, for `load` to put back (`SseRestorer.checkpoint`)."""
+        return self._held, self._ctx
+
+    def load(self, state: tuple[str, str]) -> None:
+        self._held, self._ctx = state
 
     def feed(self, text: str) -> str:
         pattern = self._restorer.pattern
@@ -371,6 +495,25 @@ class _Channel:
     part: dict[str, Any]  # the sub-object holding the delta (Chat: the choice); else `data`
 
 
+@dataclass(frozen=True, slots=True)
+class _SavedChannel:
+    key: ChannelKey
+    channel: _Channel
+    state: tuple[str, str]
+    event: _Event
+    data: dict[str, Any]
+    part: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class SseCheckpoint:
+    """An `SseRestorer`'s state between two chunks (`SseRestorer.checkpoint`)."""
+
+    buffer: bytes
+    scan: int
+    channels: list[_SavedChannel]
+
+
 @dataclass(slots=True)
 class _Site:
     """Where one delta text of the current event sits, and what goes there instead."""
@@ -391,6 +534,22 @@ class _DialectStream:
 
     def handle(self, event: _Event, data: Any) -> list[bytes]:
         return self._plain(event, data)
+
+    def checkpoint(self) -> list[_SavedChannel]:
+        # A channel's templates are never mutated once stored (synthetic events copy them), so
+        # keeping the references is enough.
+        return [
+            _SavedChannel(key, ch, ch.stream.save(), ch.event, ch.data, ch.part)
+            for key, ch in self._channels.items()
+        ]
+
+    def rollback(self, saved: list[_SavedChannel]) -> None:
+        self._channels = {}
+        for entry in saved:
+            channel = entry.channel
+            channel.stream.load(entry.state)
+            channel.event, channel.data, channel.part = entry.event, entry.data, entry.part
+            self._channels[entry.key] = channel
 
     def flush_all(self) -> list[bytes]:
         return self._flush(list(self._channels))
@@ -703,6 +862,16 @@ class SseRestorer:
         self._dialect = SSE_DIALECTS.get(dialect, _DialectStream)(restorer)
         self._buf = bytearray()
         self._scan = 0  # where the search for the end of the pending event resumes
+
+    def checkpoint(self) -> SseCheckpoint:
+        """The state before a chunk, so the chunk can be restored again from it (`rollback`): how
+        consistent pseudonyms go back over a chunk once the vault has answered."""
+        return SseCheckpoint(bytes(self._buf), self._scan, self._dialect.checkpoint())
+
+    def rollback(self, checkpoint: SseCheckpoint) -> None:
+        self._buf = bytearray(checkpoint.buffer)
+        self._scan = checkpoint.scan
+        self._dialect.rollback(checkpoint.channels)
 
     def feed(self, chunk: bytes) -> bytes:
         if not self._restorer.active:

@@ -33,8 +33,10 @@ from ext_proc.files import write_atomically
 from ext_proc.metrics import metrics_dir, serve_metrics, write_snapshot
 from ext_proc.ocr import OcrPool
 from ext_proc.policy import (
+    PolicyCheck,
     PolicyError,
     PolicySet,
+    deployment_check,
     dump_policy_set,
     load_policy_dir,
     load_policy_snapshot,
@@ -42,6 +44,7 @@ from ext_proc.policy import (
     reload_policy_dir,
 )
 from ext_proc.receipts import ReceiptStore
+from ext_proc.vault import Vault
 
 log = logging.getLogger("cordon.server")
 
@@ -106,18 +109,24 @@ def log_policy_errors(runtime: Runtime, errors: list[PolicyError]) -> None:
         log.error(json.dumps({"event": "policy_reload_error", **where, "reason": error.reason}))
 
 
+def policy_check(settings: Settings) -> PolicyCheck:
+    """What this deployment can honour: a tenant with consistent pseudonyms needs TENANT_SECRET."""
+    return deployment_check(tenant_secret=settings.tenant_secret is not None)
+
+
 def initial_policies(settings: Settings) -> tuple[PolicySet, list[PolicyError]]:
     """The strict load; if a file broke since the server started (this is a restarted worker),
     the last good set the other workers serve, with every file that still loads applied, and
     the errors of those that do not."""
+    check = policy_check(settings)
     try:
-        policies = load_policy_dir(settings.policy_dir)
+        policies = load_policy_dir(settings.policy_dir, check=check)
     except PolicyError as first:
         try:
             previous = load_policy_snapshot(snapshot_file(settings).read_text())
         except (OSError, ValueError, TypeError, KeyError):
             raise first from None
-        policies, errors = reload_policy_dir(settings.policy_dir, previous)
+        policies, errors = reload_policy_dir(settings.policy_dir, previous, check=check)
         log.warning(json.dumps({"event": "policy_last_good_kept", "tenants": sorted(policies.tenants)}))
         return policies, errors
     save_snapshot(settings, policies)
@@ -131,8 +140,10 @@ async def watch_policies(
 
     `signature` is the directory as it was just before this worker loaded it, so an edit made while
     the worker started is seen. A file that no longer loads keeps its last good version; the reason
-    is logged (file, key, reason: never a value).
+    is logged (file, key, reason: never a value). So is one this deployment cannot honour
+    (`consistentPseudonyms: true` without TENANT_SECRET).
     """
+    check = policy_check(settings)
     while True:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(POLICY_POLL_SECONDS):
@@ -143,7 +154,7 @@ async def watch_policies(
         if current == signature and not forced:
             continue
         signature = current
-        policies, errors = reload_policy_dir(settings.policy_dir, runtime.policies)
+        policies, errors = reload_policy_dir(settings.policy_dir, runtime.policies, check=check)
         log_policy_errors(runtime, errors)
         if policies != runtime.policies:
             runtime.policies = policies
@@ -167,6 +178,13 @@ async def publish_metrics(settings: Settings, runtime: Runtime, index: int) -> N
 
 async def run_worker(settings: Settings, index: int) -> None:
     store = ReceiptStore.from_url(settings.effective_redis_url, timeout=settings.redis_timeout)
+    vault = (
+        Vault.from_url(
+            settings.effective_redis_url, secret=settings.tenant_secret, timeout=settings.redis_timeout
+        )
+        if settings.tenant_secret is not None
+        else None
+    )
     signature = policy_signature(settings.policy_dir)
     policies, errors = initial_policies(settings)
     runtime = Runtime(
@@ -176,6 +194,7 @@ async def run_worker(settings: Settings, index: int) -> None:
         receipt_secret=settings.load_receipt_secret(),
         trust_tenant_header=settings.trust_tenant_header,
         ocr=OcrPool(settings.ocr_workers, settings.ocr_budget_seconds, settings.ocr_max_images),
+        vault=vault,
     )
     log_policy_errors(runtime, errors)
     limit = settings.grpc_message_limit
@@ -218,6 +237,8 @@ async def run_worker(settings: Settings, index: int) -> None:
     publisher.cancel()
     write_snapshot(runtime.metrics, settings.run_dir, index)
     await store.aclose()
+    if vault is not None:
+        await vault.aclose()
     if runtime.ocr is not None:
         runtime.ocr.shutdown()
     log.info('{"event":"worker_stopped","worker":%d}', index)
@@ -230,7 +251,8 @@ def worker_main(settings: Settings, index: int) -> int:
 
 def serve(settings: Settings) -> int:
     """Supervise WORKERS worker processes until SIGTERM/SIGINT; restart any that dies."""
-    load_policy_dir(settings.policy_dir)  # a bad policy is a startup error here, not in N workers
+    # A bad policy (or one this deployment cannot honour) is a startup error here, not in N workers.
+    load_policy_dir(settings.policy_dir, check=policy_check(settings))
     settings.load_receipt_secret(create=True)  # made once here, read by every worker
     for stale in (settings.run_dir / "extproc").glob("worker-*.ready"):
         stale.unlink()

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ext_proc import bootstrap
 from ext_proc.config import DEFAULT_REDIS_PORT, Settings, parse_upstream
-from ext_proc.policy import load_policy_dir
+from ext_proc.policy import deployment_check, load_policy_dir
 
 READY_TIMEOUT = 60.0
 STOP_TIMEOUT = 30.0
@@ -137,7 +137,8 @@ class Stack:
 
     def start(self) -> None:
         s = self.settings
-        load_policy_dir(s.policy_dir)  # a bad policy fails here, naming file, key and reason
+        # A bad policy (or one needing a secret that is unset) fails here, naming file, key and reason.
+        load_policy_dir(s.policy_dir, check=deployment_check(tenant_secret=s.tenant_secret is not None))
         self._check_ports()
         deadline = time.monotonic() + READY_TIMEOUT
         if s.redis_url is None:

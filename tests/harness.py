@@ -12,7 +12,7 @@ import os
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,10 +34,14 @@ KEYS = {
     "override": "sk-test-tenant-header-override",
     "chain": "sk-test-tenant-chain",
     "mask-media": "sk-test-tenant-mask-media",
+    # Tenants only the stacks that ask for them get (`running_stack(tenants=...)`).
+    "pseudonyms": "sk-test-tenant-pseudonyms",
+    "pseudonyms-b": "sk-test-tenant-pseudonyms-b",
 }
 # Test-only secrets (the stack reads them from the environment like a deployment would).
 ADMIN_TOKEN = "test-admin-token-0123456789abcdef"
 RECEIPT_SECRET = "test-receipt-secret-0123456789abcdefghijkl"
+TENANT_SECRET = "test-tenant-secret-0123456789abcdefghijklmn"  # set by the stacks that ask for it
 
 
 def free_port() -> int:
@@ -46,7 +50,8 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def write_policies(directory: Path) -> None:
+def write_policies(directory: Path, extra: Mapping[str, str] | None = None) -> None:
+    """The test tenants' policy files, plus `extra` ones (tenant name in KEYS → its knobs)."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "default.yaml").write_text(
         "tenant: default\nmode: reversible\nsets: [pii, pci, secrets]\nfailMode: closed\n"
@@ -64,7 +69,7 @@ def write_policies(directory: Path) -> None:
         "chain": "mode: reversible",
         "mask-media": "subjectMedia: mask",
     }
-    for name, knob in tenants.items():
+    for name, knob in {**tenants, **(extra or {})}.items():
         digest = hash_api_key(KEYS[name])
         (directory / f"{name}.yaml").write_text(f'tenant: {name}\napiKeys: ["sha256:{digest}"]\n{knob}\n')
 
@@ -178,13 +183,15 @@ def running_stack(
     workers: int = 2,
     redis: RedisProcess | None = None,
     upstream: FakeUpstream | None = None,
+    tenants: Mapping[str, str] | None = None,
     **extra: str,
 ) -> Iterator[RunningStack]:
     """The whole stack on free ports. `redis`/`upstream` may be shared with another stack;
-    `extra` overrides environment variables (an empty string removes one)."""
+    `tenants` adds policy files (see write_policies); `extra` overrides environment variables (an
+    empty string removes one)."""
     run_dir = tmp / "run"
     policy_dir = tmp / "policies"
-    write_policies(policy_dir)
+    write_policies(policy_dir, tenants)
     with contextlib.ExitStack() as resources:
         if redis is None:
             redis = resources.enter_context(redis_server(run_dir))

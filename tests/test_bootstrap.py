@@ -416,6 +416,9 @@ def test_parse_upstream(url: str, scheme: str, host: str, port: int) -> None:
         ({"ADMIN_TOKEN": "a" * 20}, "ADMIN_TOKEN"),  # long but not random
         ({"RECEIPT_SECRET": "not-long-enough"}, "RECEIPT_SECRET"),
         ({"RECEIPT_SECRET": "a" * 40}, "RECEIPT_SECRET"),  # long but not random
+        ({"TENANT_SECRET": "tenant-secret-too-short"}, "TENANT_SECRET"),
+        ({"TENANT_SECRET": "ab" * 20}, "TENANT_SECRET"),  # long but not random
+        ({"TENANT_SECRET": "  " + "x" * 31 + "y "}, "TENANT_SECRET"),  # trimmed first
         ({"REDIS_TIMEOUT_MS": "5"}, "REDIS_TIMEOUT_MS"),
         ({"OCR_WORKERS": "0"}, "OCR_WORKERS"),
         ({"OCR_BUDGET_SECONDS": "300"}, "OCR_BUDGET_SECONDS"),
@@ -452,6 +455,12 @@ def test_secrets_are_trimmed_and_never_echoed() -> None:
     assert Settings.from_env({"ADMIN_TOKEN": token + "\n"}).admin_token == token
     secret = "receipt-secret-0123456789abcdefghijkl"
     assert Settings.from_env({"RECEIPT_SECRET": f" {secret}\n"}).receipt_secret == secret
+    tenant = "tenant-secret-0123456789abcdefghijkl"
+    assert Settings.from_env({"TENANT_SECRET": f"{tenant}\r\n"}).tenant_secret == tenant
+    assert Settings.from_env({"TENANT_SECRET": " \n"}).tenant_secret is None
+    with pytest.raises(ConfigError) as weak:
+        Settings.from_env({"TENANT_SECRET": "short-tenant-secret"})
+    assert "short-tenant-secret" not in str(weak.value) and "TENANT_SECRET" in str(weak.value)
     with pytest.raises(ConfigError) as info:
         Settings.from_env({"ADMIN_TOKEN": "hunter2"})
     assert "hunter2" not in str(info.value)

@@ -1,0 +1,223 @@
+"""The pseudonym vault (SPEC §8): placeholder → original, encrypted, per tenant, in Redis.
+
+Where this sits: with `consistentPseudonyms: true`, redaction writes HMAC-derived placeholders
+(ext_proc.placeholders) and, before the request body is released upstream, the exchange stores
+each one's original here; restore reads this request's map first and asks the vault for the rest,
+so a reply that mentions a placeholder of an earlier turn (Responses `previous_response_id`) is
+restored too. A write that fails refuses the request (503, stage `vault`); a read that fails leaves
+those placeholders as they are.
+
+Keys, all from TENANT_SECRET with HKDF-SHA256 (salt `cordon tenant keys v1`), one pair per tenant
+so no tenant can compute or read another's::
+
+    pseudonym key   info = "cordon/pseudonym/v1" NUL tenant   32 bytes, the HMAC key of digests
+    vault key       info = "cordon/vault/v1" NUL tenant       32 bytes, AES-256-GCM
+
+Redis layout (REDIS_URL: one server, Cluster or Sentinel, see ext_proc.redis_client; the braces
+are the Cluster hash tag: a tenant's entries live in its receipt chain's slot, so one MGET or one
+pipeline reaches them all), one string per placeholder, expiring `vaultTtlSeconds` after the last
+request that sent it::
+
+    <prefix>:{<tenant>}:vault:<LABEL>_<digest>   0x01 ‖ nonce (12 random bytes) ‖ AES-GCM(value)
+
+The AES-GCM associated data is `cordon/vault/v1 NUL tenant NUL <LABEL_digest>`: an entry copied to
+another placeholder's key or another tenant's does not decrypt, and reads as absent. An entry is
+encrypted once and then only has its expiry extended (EXPIRE, then SET NX EX), so a busy tenant
+does not spend a random nonce per request and value: stored ciphertexts, not requests, count
+towards the 2³² random nonces one key may take.
+
+Neither the secret, a key, a value nor a ciphertext is ever logged; errors name the failure only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TypeVar
+
+import regex
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from ext_proc.placeholders import PSEUDONYM_HEX_CHARS, PSEUDONYM_LABELS
+from ext_proc.receipts import valid_tenant
+from ext_proc.redis_client import REDIS_ERRORS, RedisClient, connect
+
+_T = TypeVar("_T")
+
+VERSION = b"\x01"
+NONCE_BYTES = 12
+HKDF_SALT = b"cordon tenant keys v1"
+MAX_BATCH = 1000  # keys per MGET / pipeline: one round trip each
+_LABELS = "|".join(sorted(PSEUDONYM_LABELS, key=len, reverse=True))
+_CANONICAL = regex.compile(rf"<({_LABELS})_([0-9a-f]{{{PSEUDONYM_HEX_CHARS}}})>")
+
+
+class VaultError(Exception):
+    """The vault could not be written or read: Redis down, slow or refusing. Names no value."""
+
+
+@dataclass(frozen=True, slots=True)
+class TenantKeys:
+    """A tenant's two keys, derived from TENANT_SECRET. Never printed (no repr)."""
+
+    pseudonym: bytes
+    vault: bytes
+
+    def __repr__(self) -> str:
+        return "TenantKeys(…)"
+
+
+def derive_keys(secret: str, tenant: str) -> TenantKeys:
+    if not valid_tenant(tenant):
+        raise ValueError("not a tenant name")
+    ikm = secret.encode("utf-8")
+
+    def derive(purpose: bytes) -> bytes:
+        info = purpose + b"\x00" + tenant.encode("ascii")
+        return HKDF(algorithm=hashes.SHA256(), length=32, salt=HKDF_SALT, info=info).derive(ikm)
+
+    return TenantKeys(pseudonym=derive(b"cordon/pseudonym/v1"), vault=derive(b"cordon/vault/v1"))
+
+
+def associated_data(tenant: str, placeholder: str) -> bytes:
+    return b"cordon/vault/v1\x00" + tenant.encode("ascii") + b"\x00" + placeholder.encode("ascii")
+
+
+def seal(key: bytes, tenant: str, placeholder: str, original: str) -> bytes:
+    """One entry's stored bytes: version, a random nonce, AES-256-GCM of the UTF-8 value."""
+    nonce = os.urandom(NONCE_BYTES)
+    ciphertext = AESGCM(key).encrypt(
+        nonce, original.encode("utf-8", "surrogatepass"), associated_data(tenant, placeholder)
+    )
+    return VERSION + nonce + ciphertext
+
+
+def unseal(key: bytes, tenant: str, placeholder: str, blob: bytes) -> str | None:
+    """The value of an entry, or None when it is not one this tenant wrote for this placeholder."""
+    if len(blob) < 1 + NONCE_BYTES + 16 or blob[:1] != VERSION:
+        return None
+    nonce, ciphertext = blob[1 : 1 + NONCE_BYTES], blob[1 + NONCE_BYTES :]
+    try:
+        plain = AESGCM(key).decrypt(nonce, ciphertext, associated_data(tenant, placeholder))
+    except InvalidTag:
+        return None
+    return plain.decode("utf-8", "surrogatepass")
+
+
+@dataclass(frozen=True, slots=True)
+class VaultRead:
+    """What a lookup found: placeholder → value, and how many entries existed but did not decrypt."""
+
+    found: Mapping[str, str]
+    invalid: int = 0
+
+
+class Vault:
+    """A tenant-keyed, encrypted placeholder store in one Redis (one Cluster slot per tenant).
+
+    `timeout` bounds each whole operation (a write sits on the request path, as a receipt does).
+    Both operations may be re-sent once on a lost connection: they are idempotent.
+    """
+
+    def __init__(
+        self, client: RedisClient, *, secret: str, key_prefix: str = "cordon", timeout: float = 0.25
+    ) -> None:
+        if not key_prefix or any(c in key_prefix for c in "{}*?[]\\"):
+            raise ValueError("key_prefix must be non-empty, without braces or glob characters")
+        if not secret:
+            raise ValueError("the vault needs TENANT_SECRET")
+        self._redis = client
+        self._secret = secret
+        self._prefix = key_prefix
+        self._timeout = timeout
+        self._keys: dict[str, TenantKeys] = {}
+
+    def __repr__(self) -> str:
+        return f"Vault(prefix={self._prefix!r})"
+
+    @classmethod
+    def from_url(cls, url: str, *, secret: str, timeout: float = 0.25) -> Vault:
+        """A vault with its own client: commands re-sent once on a lost connection (both are
+        idempotent), socket timeouts = `timeout`."""
+        return cls(connect(url, timeout=timeout, retries=1), secret=secret, timeout=timeout)
+
+    async def aclose(self) -> None:
+        await self._redis.aclose()
+
+    def keys(self, tenant: str) -> TenantKeys:
+        keys = self._keys.get(tenant)
+        if keys is None:
+            keys = self._keys[tenant] = derive_keys(self._secret, tenant)
+        return keys
+
+    def pseudonym_key(self, tenant: str) -> bytes:
+        return self.keys(tenant).pseudonym
+
+    def entry_key(self, tenant: str, placeholder: str) -> str:
+        if not valid_tenant(tenant):
+            raise ValueError("not a tenant name")
+        if _CANONICAL.fullmatch(placeholder) is None:
+            raise ValueError("not a consistent pseudonym")
+        return f"{self._prefix}:{{{tenant}}}:vault:{placeholder[1:-1]}"
+
+    async def _call(self, awaitable: Awaitable[_T]) -> _T:
+        try:
+            async with asyncio.timeout(self._timeout):
+                return await awaitable
+        except TimeoutError as exc:
+            raise VaultError(f"Redis did not answer within {self._timeout}s") from exc
+        except REDIS_ERRORS as exc:
+            raise VaultError(f"Redis failed: {type(exc).__name__}") from exc
+
+    async def put(self, tenant: str, entries: Mapping[str, str], ttl_seconds: int) -> None:
+        """Store every placeholder → value of a request, or raise VaultError (then store nothing more).
+
+        One pipeline (one round trip per MAX_BATCH entries): EXPIRE extends an entry that exists,
+        SET NX EX writes one that does not. Entries already written stay as they were.
+        """
+        if ttl_seconds < 1:
+            raise ValueError("a vault entry needs a positive TTL")
+        key = self.keys(tenant).vault
+        items = [(self.entry_key(tenant, p), seal(key, tenant, p, value)) for p, value in entries.items()]
+
+        async def write() -> None:
+            for start in range(0, len(items), MAX_BATCH):
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    for name, blob in items[start : start + MAX_BATCH]:
+                        pipe.expire(name, ttl_seconds)
+                        pipe.set(name, blob, nx=True, ex=ttl_seconds)
+                    await pipe.execute()
+
+        await self._call(write())
+
+    async def get(self, tenant: str, placeholders: Iterable[str]) -> VaultRead:
+        """The values of those placeholders this tenant's vault holds; absent ones are left out."""
+        wanted = list(dict.fromkeys(placeholders))
+        if not wanted:
+            return VaultRead({})
+        names = [self.entry_key(tenant, p) for p in wanted]
+
+        async def read() -> list[bytes | None]:
+            out: list[bytes | None] = []
+            for start in range(0, len(names), MAX_BATCH):
+                out += await self._redis.mget(names[start : start + MAX_BATCH])
+            return out
+
+        blobs = await self._call(read())
+        key = self.keys(tenant).vault
+        found: dict[str, str] = {}
+        invalid = 0
+        for placeholder, blob in zip(wanted, blobs, strict=True):
+            if blob is None:
+                continue
+            value = unseal(key, tenant, placeholder, blob)
+            if value is None:
+                invalid += 1
+            else:
+                found[placeholder] = value
+        return VaultRead(found, invalid)
