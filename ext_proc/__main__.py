@@ -5,6 +5,7 @@ scan            detect in text from stdin (or --jsonl records); prints findings,
 policy check    validate a policy directory (for the platform team's CI)
 receipts verify re-hash the receipt chains in Redis from their first record (for auditors)
 stack run|up|down   the whole local stack (what `make run`, `make up`, `make down` call)
+bootstrap       render Envoy's bootstrap from the environment (for a containerised Envoy)
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from ext_proc.config import ConfigError, Settings
 
@@ -87,6 +89,33 @@ def cmd_stack(args: argparse.Namespace) -> int:
     return stack.down(settings)
 
 
+def cmd_bootstrap(args: argparse.Namespace) -> int:
+    """Envoy's bootstrap as `make run` renders it, for an Envoy started by something else (a
+    container, a pod). Unset upstreams are the fake upstream on FAKE_UPSTREAM_PORT, as in the
+    stack; TLS_CERT_FILE/TLS_KEY_FILE are written as given (paths inside the Envoy container),
+    else a self-signed pair is made once under RUN_DIR/tls."""
+    from ext_proc import bootstrap
+    from ext_proc.config import parse_upstream
+    from ext_proc.files import write_atomically
+
+    settings = _settings(args)
+    fake = f"http://127.0.0.1:{settings.fake_upstream_port}"
+    cert, key, _ca = bootstrap.ensure_tls_material(settings)
+    config = bootstrap.render(
+        settings,
+        openai=settings.openai_upstream or parse_upstream("openai", fake),
+        anthropic=settings.anthropic_upstream or parse_upstream("anthropic", fake),
+        # absolute(), not resolve(): the paths are the container's, not this machine's symlinks.
+        cert=cert.absolute(),
+        key=key.absolute(),
+    )
+    if args.output is None:
+        sys.stdout.write(config)
+    else:
+        write_atomically(Path(args.output), config)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from ext_proc import scan
 
@@ -122,6 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
     stack_parser.add_argument("action", choices=["run", "up", "down"])
     stack_parser.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)
     stack_parser.set_defaults(func=cmd_stack)
+
+    bootstrap_parser = commands.add_parser("bootstrap", help="render Envoy's bootstrap from the environment")
+    bootstrap_parser.add_argument("--output", help="write it to this file (default: stdout)")
+    bootstrap_parser.set_defaults(func=cmd_bootstrap)
     return parser
 
 
