@@ -137,6 +137,20 @@ def error_body(refusal: Refusal, provider: str) -> bytes:
     return json.dumps(payload, separators=(",", ":")).encode("utf-8")
 
 
+def error_event(refusal: Refusal, dialect: str) -> bytes:
+    """The refusal as the dialect's own stream error event (how each API ends a stream that
+    failed): Chat a `data:` error object, Responses an `error` event, Messages an `error` event."""
+    if dialect == "messages":
+        payload = error_body(refusal, "anthropic")
+        return b"event: error\ndata: " + payload + b"\n\n"
+    detail = json.loads(error_body(refusal, "openai"))["error"]
+    if dialect == "responses":
+        event = {"type": "error", "code": refusal.code, "message": refusal.message, "param": None}
+        event["error"] = detail  # the error object too: what the SDKs look for in a data payload
+        return b"event: error\ndata: " + json.dumps(event, separators=(",", ":")).encode("utf-8") + b"\n\n"
+    return b"data: " + json.dumps({"error": detail}, separators=(",", ":")).encode("utf-8") + b"\n\n"
+
+
 def refuse(refusal: Refusal, provider: str, extra_headers: Headers = ()) -> pb.ProcessingResponse:
     body = error_body(refusal, provider)
     headers = [

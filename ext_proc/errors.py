@@ -11,7 +11,9 @@ import traceback
 from pathlib import Path
 from typing import Literal
 
-Stage = Literal["request", "policy", "detection", "egress", "media", "vault", "audit", "routing", "admin"]
+Stage = Literal[
+    "request", "policy", "detection", "egress", "media", "vault", "audit", "routing", "admin", "output"
+]
 
 
 class Refusal(Exception):

@@ -24,16 +24,24 @@ from ext_proc import admin, envoy
 from ext_proc.bootstrap import ADMIN_ROUTE, FILTER_HEADERS
 from ext_proc.catalog import Catalog
 from ext_proc.dialects import RouteInfo, classify
-from ext_proc.egress import check_body
+from ext_proc.egress import check_body, neutralise_own_markers
 from ext_proc.errors import DetectionError, Refusal, describe
 from ext_proc.media import MediaPart
 from ext_proc.metrics import Metrics
 from ext_proc.ocr import MaskError, OcrPool, OcrTimeout, fuzzy_pattern, ocr_can_read
+from ext_proc.output_gate import OutputGate
 from ext_proc.placeholders import PlaceholderMap, PseudonymMap
 from ext_proc.policy import MEDIA_STRICTNESS, MODE_STRICTNESS, MODES, Policy, PolicySet, less_strict_knobs
 from ext_proc.receipts import Decision, Egress, ReceiptError, ReceiptFields, ReceiptStore, ref_digest
 from ext_proc.redact import Replacement, resolve_overlaps, reversible, rewrite, strip
-from ext_proc.restore import PseudonymRestorer, Restorer, SseRestorer, restore_json_body, restorer_for
+from ext_proc.restore import (
+    PseudonymRestorer,
+    Restorer,
+    SseRestorer,
+    neutralise_pseudonyms,
+    restore_json_body,
+    restorer_for,
+)
 from ext_proc.subject_header import SubjectHeader, SubjectHeaderError, parse_subject_header
 from ext_proc.subjects import CompiledSubjects, compile_subjects
 from ext_proc.vault import Vault, VaultError
@@ -153,6 +161,10 @@ class Exchange:
     response_kind: str = "none"  # none | buffered | sse
     restorer: Restorer | None = None
     sse: SseRestorer | None = None
+    gate: OutputGate | None = None
+    gate_done: bool = False  # the whole reply has been read (or refused) by the gate
+    output_denied: bool = False
+    output_sealed: bool = False
     vault_down: bool = False  # a vault read failed: later placeholders are not looked up
     started: float = field(default_factory=time.perf_counter)
     timings: dict[str, float] = field(default_factory=dict)
@@ -197,6 +209,8 @@ class Exchange:
             response = await self.seal(response)
             if self.decision == "refused":
                 self.finish_log()
+        if self.gate is not None and self.gate_done and not self.output_sealed:
+            await self.seal_output()
         if response is not None:
             yield response
 
@@ -623,41 +637,132 @@ class Exchange:
             and (bool(self.pmap) or isinstance(self.pmap, PseudonymMap))
             and encoding == "identity"
         )
-        if needs_restore:
-            self.restorer = restorer_for(self.pmap)
-        if needs_restore and content_type.startswith("text/event-stream"):
+        gated = (
+            self.route is not None
+            and self.policy is not None
+            and self.policy.output_gate != "off"
+            and encoding == "identity"
+        )
+        if needs_restore or gated:
+            self.restorer = restorer_for(self.pmap) if needs_restore else Restorer(PlaceholderMap())
+            self.gate = self.output_gate() if gated else None
+        if (needs_restore or gated) and content_type.startswith("text/event-stream"):
             self.response_kind = "sse"
             assert self.route is not None and self.restorer is not None
-            self.sse = SseRestorer(self.restorer, self.route.dialect.name)
+            self.sse = SseRestorer(self.restorer, self.route.dialect.name, self.gate)
             mode = envoy.body_modes(envoy.NONE, envoy.STREAMED)
             return envoy.response_headers(remove=("content-length",), set_headers=receipt, mode=mode)
-        if needs_restore and content_type.startswith(TEXT_TYPES):
+        if (needs_restore or gated) and content_type.startswith(TEXT_TYPES):
             self.response_kind = "buffered"
             mode = envoy.body_modes(envoy.NONE, envoy.BUFFERED)
             return envoy.response_headers(set_headers=receipt, mode=mode)
+        self.gate = None
         self.finish_log()
         return envoy.response_headers(set_headers=receipt, mode=envoy.body_modes(envoy.NONE, envoy.NONE))
 
     def on_response_body(self, body: pb.HttpBody) -> pb.ProcessingResponse:
         assert self.route is not None
         chunk = bytes(body.body)
+        gate = self.gate
         if self.response_kind == "sse" and self.sse is not None:
+            if self.output_denied:
+                return envoy.response_body(b"", set_length=False)  # the stream ended with the error
             out = self.sse.feed(chunk)
+            if gate is not None and gate.deny and (gate.check_windows() or gate.tripped):
+                # Nothing of this chunk goes out: the client gets the dialect's error event, and
+                # what the upstream still sends is dropped.
+                self.output_denied = True
+                self.gate_done = True
+                self.runtime.metrics.inc("cordon_output_denied_total", dialect=self.route.dialect.name)
+                if body.end_of_stream:
+                    self.finish_log()
+                return envoy.response_body(envoy.error_event(self.output_refusal(), self.route.dialect.name))
             if body.end_of_stream:
                 out += self.sse.finish()
+                if gate is not None:
+                    gate.finish_windows()
+                    self.gate_done = True
                 self.finish_log()
             if out == chunk:
                 return envoy.response_body()
             return envoy.response_body(out, set_length=False)
         if self.response_kind == "buffered":
             assert self.restorer is not None
-            restored = restore_json_body(chunk, self.route.dialect.name, self.restorer)
+            restored = restore_json_body(chunk, self.route.dialect.name, self.restorer, gate)
+            if gate is not None and body.end_of_stream:
+                self.gate_done = True
+            if gate is not None and gate.deny and gate.tripped:
+                self.output_denied = True
+                self.runtime.metrics.inc("cordon_output_denied_total", dialect=self.route.dialect.name)
+                self.finish_log()
+                receipt = [(RECEIPT_HEADER, self.receipt_hash)] if self.receipt_hash else []
+                return envoy.refuse(self.output_refusal(), self.provider, receipt)
             if body.end_of_stream:
                 self.finish_log()
             if restored == chunk:
                 return envoy.response_body()
             return envoy.response_body(restored)
         return envoy.response_body()
+
+    # --- the output gate ----------------------------------------------------------------------
+
+    def output_gate(self) -> OutputGate:
+        """This exchange's gate: the policy's output sets, this request's placeholders left out.
+        Under reportOnly it only reports: the reply is never changed."""
+        assert self.policy is not None
+        policy = self.policy
+        catalog = Catalog.for_sets(policy.output_sets, skip_documentation_ips=policy.skip_documentation_ips)
+        deny = policy.output_gate == "deny" and not policy.report_only
+        if isinstance(self.pmap, PseudonymMap):
+            return OutputGate(catalog, neutralise_pseudonyms, deny=deny)
+        nonce = self.pmap.nonce
+
+        def neutralise(text: str) -> str:
+            return neutralise_own_markers(text, nonce) if "<" in text or "[" in text else text
+
+        return OutputGate(catalog, neutralise, deny=deny)
+
+    def output_refusal(self) -> Refusal:
+        assert self.gate is not None
+        kinds = ", ".join(sorted(self.gate.kinds)) or "a catalog kind"
+        return Refusal(
+            422,
+            "output",
+            f"the model's reply carried {kinds}; this tenant's output gate refuses it",
+            code="output_blocked",
+        )
+
+    async def seal_output(self) -> None:
+        """The gate's record, after the exchange's own: distinct findings per kind, and whether the
+        reply was refused. Written when there is something to say; a failure is a counted gap (the
+        reply has gone, or goes, as the gate decided)."""
+        assert self.gate is not None and self.policy is not None
+        self.output_sealed = True
+        counts = self.gate.counts()
+        for kind, n in counts.items():
+            self.runtime.metrics.inc("cordon_output_findings_total", n, kind=kind)
+        if not counts and not self.output_denied:
+            return
+        store = self.runtime.receipts
+        try:
+            if store is None:
+                raise ReceiptError("no receipt store is configured")
+            await store.append(
+                ReceiptFields(
+                    tenant=self.policy.tenant,
+                    dialect=self.route.dialect.name if self.route is not None else "none",
+                    mode=self.policy.mode,
+                    decision="output",
+                    stage="output" if self.output_denied else None,
+                    counts=counts,
+                    exchange=self.receipt_hash,
+                )
+            )
+        except ReceiptError as exc:
+            self.runtime.metrics.inc("cordon_redis_errors_total")
+            self.record_gap("output_audit", str(exc))
+            return
+        self.runtime.metrics.inc("cordon_receipts_total")
 
     # --- the vault (consistent pseudonyms) ------------------------------------------------------
 

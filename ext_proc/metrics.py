@@ -48,6 +48,14 @@ HELP = {
         "Placeholders left in a reply unrestored because the vault was unavailable or over the limit.",
     ),
     "cordon_vault_invalid_entries_total": ("counter", "Vault entries that did not decrypt (read as absent)."),
+    "cordon_output_findings_total": (
+        "counter",
+        "Distinct values the output gate found in model output, by kind (outputGate report or deny).",
+    ),
+    "cordon_output_denied_total": (
+        "counter",
+        "Replies refused by the output gate (outputGate: deny), by dialect.",
+    ),
     "cordon_policy_reload_errors_total": ("counter", "Policy files that failed to reload (last good kept)."),
     "cordon_policy_reloads_total": ("counter", "Policy reloads that changed the policy set."),
     "cordon_phase_seconds": ("histogram", "Time per pipeline phase."),

@@ -26,7 +26,8 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from ext_proc.catalog import Catalog
@@ -57,16 +58,23 @@ MAX_DEPTH = 64
 Neutraliser = Callable[[str], str]
 
 
+@dataclass(frozen=True, slots=True)
+class GateCheckpoint:
+    windows: dict[Hashable, tuple[str, tuple[str, ...]]]
+
+
 class OutputGate:
     """One exchange's reading of model output: the distinct findings per kind, and whether any."""
 
-    def __init__(self, catalog: Catalog, neutralise: Neutraliser) -> None:
+    def __init__(self, catalog: Catalog, neutralise: Neutraliser, *, deny: bool = False) -> None:
         self.catalog = catalog
+        self.deny = deny
         self._neutralise = neutralise
         self._key = secrets.token_bytes(16)
         self._seen: dict[str, set[bytes]] = {}
-        self._windows: list[GateWindow] = []
+        self._windows: dict[Hashable, GateWindow] = {}
         self.tripped = False
+        self.kinds: set[str] = set()  # every kind seen, counted or not yet (what a refusal names)
 
     def counts(self) -> dict[str, int]:
         return {kind: len(values) for kind, values in sorted(self._seen.items())}
@@ -81,6 +89,7 @@ class OutputGate:
             self._record(finding.kind, text[finding.start : finding.end])
         if findings:
             self.tripped = True
+            self.kinds.update(f.kind for f in findings)
         return bool(findings)
 
     def read_tree(self, node: Any) -> bool:
@@ -94,25 +103,42 @@ class OutputGate:
         """The catalog's findings, overlaps resolved as redaction resolves them: one span, one kind."""
         return resolve_overlaps(self.catalog.detect(text))
 
-    def window(self) -> GateWindow:
-        window = GateWindow(self)
-        self._windows.append(window)
+    def window(self, key: Hashable = None) -> GateWindow:
+        """The window of the delta channel `key` (made on first use)."""
+        window = self._windows.get(key)
+        if window is None:
+            window = self._windows[key] = GateWindow(self)
         return window
+
+    def finish_window(self, key: Hashable) -> bool:
+        """Channel `key` ended: read to its end."""
+        window = self._windows.pop(key, None)
+        return window.finish() if window is not None else False
 
     def check_windows(self) -> bool:
         """Checks every channel with new text (under `deny`, once per chunk); True if any found."""
         found = False
-        for window in self._windows:
+        for window in self._windows.values():
             found = window.check() or found
         return found
 
     def finish_windows(self) -> bool:
         """The stream ended: every channel read to its end."""
         found = False
-        for window in self._windows:
+        for window in self._windows.values():
             found = window.finish() or found
         self._windows.clear()
         return found
+
+    def checkpoint(self) -> GateCheckpoint:
+        """The windows' state between two chunks (a chunk read again after a vault lookup must
+        not be read into a window twice)."""
+        return GateCheckpoint({key: window.state() for key, window in self._windows.items()})
+
+    def rollback(self, checkpoint: GateCheckpoint) -> None:
+        self._windows = {}
+        for key, state in checkpoint.windows.items():
+            self.window(key).load(state)
 
     def _record(self, kind: str, value: str) -> None:
         raw = value.encode("utf-8", "surrogatepass")
@@ -131,6 +157,14 @@ class GateWindow:
         self._tail = ""
         self._pending: list[str] = []
         self._pending_chars = 0
+
+    def state(self) -> tuple[str, tuple[str, ...]]:
+        return self._tail, tuple(self._pending)
+
+    def load(self, state: tuple[str, tuple[str, ...]]) -> None:
+        self._tail, pending = state
+        self._pending = list(pending)
+        self._pending_chars = sum(map(len, pending))
 
     def feed(self, delta: str) -> None:
         if delta:
@@ -154,6 +188,7 @@ class GateWindow:
         self._pending, self._pending_chars = [], 0
         if findings:
             gate.tripped = True
+            gate.kinds.update(f.kind for f in findings)
         return bool(findings)
 
     def finish(self) -> bool:

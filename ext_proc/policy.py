@@ -28,6 +28,7 @@ MediaPolicy = Literal["block", "mask", "allow"]
 MODES: tuple[Mode, ...] = ("reversible", "strip", "off")
 FAIL_MODES: tuple[FailMode, ...] = ("closed", "open")
 MEDIA_POLICIES: tuple[MediaPolicy, ...] = ("block", "mask", "allow")
+OUTPUT_GATES: tuple[str, ...] = ("off", "report", "deny")
 PROVIDERS = ("openai", "anthropic")
 DEFAULT_TENANT = "default"
 
@@ -65,7 +66,24 @@ class Policy:
     allow_header_override: bool = False
     upstreams: frozenset[str] = frozenset(PROVIDERS)
     skip_documentation_ips: bool = False
+    output_gate: str = "report"
+    output_sets_given: tuple[str, ...] | None = None  # None: the tenant's `sets`
     source: str = ""
+
+    @property
+    def output_sets(self) -> tuple[str, ...]:
+        """The catalog sets the output gate reads model output with."""
+        return self.output_sets_given if self.output_sets_given is not None else self.sets
+
+    @property
+    def output_gate_sets(self) -> tuple[str, ...]:
+        """What the gate actually reads: nothing when it is off."""
+        return () if self.output_gate == "off" else self.output_sets
+
+    @property
+    def output_sets_knob(self) -> tuple[bool, tuple[str, ...]]:
+        """(written in the file?, the sets the gate reads), for the strictness rule."""
+        return self.output_sets_given is not None, self.output_gate_sets
 
     @property
     def vault_retention(self) -> int:
@@ -98,13 +116,13 @@ def _string_list(source: Path, key: str, value: object) -> list[str]:
     return value
 
 
-def _sets(source: Path, value: object) -> tuple[str, ...]:
-    names = _string_list(source, "sets", value)
+def _sets(source: Path, value: object, key: str = "sets") -> tuple[str, ...]:
+    names = _string_list(source, key, value)
     for name in names:
         if name not in ALL_SETS:
-            raise PolicyError(source, "sets", f"unknown set {name!r}; known: " + ", ".join(ALL_SETS))
+            raise PolicyError(source, key, f"unknown set {name!r}; known: " + ", ".join(ALL_SETS))
     if len(set(names)) != len(names):
-        raise PolicyError(source, "sets", "lists a set twice")
+        raise PolicyError(source, key, "lists a set twice")
     # Keep the catalog's own order so equal policies compile to the same cached catalog.
     return tuple(s for s in ALL_SETS if s in names)
 
@@ -149,6 +167,13 @@ _PARSERS: dict[str, Any] = {
     "allowHeaderOverride": lambda src, v: ("allow_header_override", _bool(src, "allowHeaderOverride", v)),
     "upstreams": lambda src, v: ("upstreams", _upstreams(src, v)),
     "skipDocumentationIps": lambda src, v: ("skip_documentation_ips", _bool(src, "skipDocumentationIps", v)),
+    # YAML 1.1 reads a bare `off` as false, as for `mode`.
+    "outputGate": lambda src, v: (
+        "output_gate",
+        _choice(src, "outputGate", "off" if v is False else v, OUTPUT_GATES),
+    ),
+    # null (the default): the gate reads with the tenant's `sets`.
+    "outputSets": lambda src, v: ("output_sets_given", None if v is None else _sets(src, v, "outputSets")),
 }
 
 
@@ -381,6 +406,7 @@ def policy_signature(directory: str | Path) -> tuple[tuple[str, int, int], ...]:
 MODE_STRICTNESS: Mapping[str, int] = {"off": 0, "reversible": 1, "strip": 2}
 FAIL_MODE_STRICTNESS: Mapping[str, int] = {"open": 0, "closed": 1}
 MEDIA_STRICTNESS: Mapping[str, int] = {"allow": 0, "mask": 1, "block": 2}
+OUTPUT_GATE_STRICTNESS: Mapping[str, int] = {"off": 0, "report": 1, "deny": 2}
 _TRUE_IS_STRICTER: Mapping[bool, int] = {False: 0, True: 1}
 _FALSE_IS_STRICTER: Mapping[bool, int] = {True: 0, False: 1}
 
@@ -391,6 +417,11 @@ def _ranked(ranks: Mapping[Any, int]) -> Callable[[Any, Any], bool]:
 
 def _superset(target: tuple[str, ...], base: tuple[str, ...]) -> bool:
     return set(target) >= set(base)
+
+
+def _output_sets(target: tuple[bool, tuple[str, ...]], base: tuple[bool, tuple[str, ...]]) -> bool:
+    # Where neither file writes outputSets, the gate reads `sets`: a difference is `sets`'s to report.
+    return not (target[0] or base[0]) or _superset(target[1], base[1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -414,6 +445,8 @@ _STRICTNESS: tuple[_Knob, ...] = (
     _Knob("reportOnly", "report_only", _ranked(_FALSE_IS_STRICTER)),
     _Knob("allowHeaderOverride", "allow_header_override", _ranked(_FALSE_IS_STRICTER)),
     _Knob("skipDocumentationIps", "skip_documentation_ips", _ranked(_FALSE_IS_STRICTER)),
+    _Knob("outputGate", "output_gate", _ranked(OUTPUT_GATE_STRICTNESS)),
+    _Knob("outputSets", "output_sets_knob", _output_sets),
     _Knob("upstreams", "upstreams", operator.eq),
 )
 
@@ -444,6 +477,11 @@ def less_strict_knobs(target: Policy, base: Policy) -> list[str]:
     - allowHeaderOverride: true < false. The target may not hand the caller more control over its
       own redaction than the base does.
     - skipDocumentationIps: true < false. True leaves some addresses unredacted.
+    - outputGate: off < report < deny. Off reads no model output; report counts what it finds;
+      deny refuses a reply that carries a finding.
+    - outputSets: the target's gate must read every set the base's gate reads (a superset; a gate
+      that is off reads none). Where neither file writes outputSets, both gates read their `sets`,
+      and a difference there is reported as `sets`.
     - upstreams: must be identical. The set of reachable providers is an access decision, not a
       scale: fewer is not "stricter" for whoever routes there, and more is a way out.
     """
@@ -489,6 +527,8 @@ def load_policy_snapshot(text: str) -> PolicySet:
         for name in ("api_keys", "upstreams"):
             values[name] = frozenset(values[name])
         values["sets"] = tuple(values["sets"])
+        if values.get("output_sets_given") is not None:
+            values["output_sets_given"] = tuple(values["output_sets_given"])
         policies.append(Policy(**values))
     by_key = {digest: policy for policy in policies for digest in policy.api_keys}
     tenants = {policy.tenant: policy for policy in policies}

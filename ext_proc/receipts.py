@@ -84,7 +84,9 @@ from ext_proc.errors import Stage
 from ext_proc.policy import MODES, Mode
 from ext_proc.redis_client import REDIS_ERRORS, RedisClient, connect
 
-Decision = Literal["forwarded", "refused", "reported"]
+# "output": the record of what the output gate found in a reply (SPEC §15), after the exchange's
+# own record; its `exchange` field is that record's hash.
+Decision = Literal["forwarded", "refused", "reported", "output"]
 Egress = Literal["verified", "refused", "skipped"]
 BadReason = Literal["unparsable", "prev", "hash", "head", "checkpoint"]
 
@@ -194,6 +196,7 @@ class ReceiptFields:
     ref_digest: str | None = None
     egress: Egress | None = None
     media: int | None = None
+    exchange: str | None = None  # an output record: the hash of its exchange's record
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -237,6 +240,10 @@ def _validate(r: ReceiptFields) -> None:
     _check(r.stage is None or r.stage in STAGES, _STAGE_RULE)
     _check(r.egress is None or r.egress in EGRESS_VERDICTS, _EGRESS_RULE)
     _check(r.media is None or _count(r.media), "media: a count")
+    _check(
+        r.exchange is None or (isinstance(r.exchange, str) and bool(_HEX64.fullmatch(r.exchange))),
+        "exchange: the SHA-256 hex of the exchange's record",
+    )
     _check(
         r.ref_digest is None or (isinstance(r.ref_digest, str) and bool(_HEX64.fullmatch(r.ref_digest))),
         "refDigest: an HMAC-SHA256 in lowercase hex",

@@ -36,6 +36,7 @@ from typing import Any, ClassVar
 
 import regex
 
+from .output_gate import GateCheckpoint, OutputGate
 from .placeholders import (
     NONCE_HEX_CHARS,
     PSEUDONYM_HEX_CHARS,
@@ -107,6 +108,14 @@ def _pseudonym_pattern() -> regex.Pattern[str]:
 # The cheap pre-check for consistent pseudonyms: a digest right after an underscore, whole.
 _DIGEST_HINT = regex.compile(rf"_[0-9a-fA-F]{{{PSEUDONYM_HEX_CHARS}}}(?![0-9a-zA-Z])")
 _DIGEST_HINT_BYTES = regex.compile(rf"_[0-9a-fA-F]{{{PSEUDONYM_HEX_CHARS}}}(?![0-9a-zA-Z])".encode())
+
+
+def neutralise_pseudonyms(text: str) -> str:
+    """Consistent pseudonyms, in every tolerated form, read as a separator (the output gate's view
+    of a reply: a placeholder is never a finding)."""
+    if _DIGEST_HINT.search(text) is None:
+        return text
+    return _pseudonym_pattern().sub(" ", text)
 
 
 def _compact(data: Any) -> bytes:
@@ -401,8 +410,17 @@ def restore_tree(node: Any, restorer: Restorer) -> tuple[Any, bool]:
     return node, False
 
 
-def restore_json_body(body: bytes, dialect: str, restorer: Restorer) -> bytes:
-    """A non-streamed reply body with this exchange's placeholders restored.
+def _gate_body(body: bytes, gate: OutputGate) -> None:
+    """The output gate reads a whole reply body, as JSON where it parses, else as text."""
+    try:
+        gate.read_tree(json.loads(body))
+    except (ValueError, RecursionError):
+        gate.read(body.decode("utf-8", "replace"))
+
+
+def restore_json_body(body: bytes, dialect: str, restorer: Restorer, gate: OutputGate | None = None) -> bytes:
+    """A non-streamed reply body with this exchange's placeholders restored (and, with `gate`,
+    read by the output gate first, as the model wrote it).
 
     Without the nonce the body comes back as the same bytes. Otherwise it is parsed, restored
     (every string and key; JSON-carrying strings such as tool-call `arguments` with JSON-escaped
@@ -411,6 +429,8 @@ def restore_json_body(body: bytes, dialect: str, restorer: Restorer) -> bytes:
     `dialect` is taken so that a dialect with its own rule fits here without changing callers.
     """
     del dialect  # the same rule for every dialect, see above
+    if gate is not None:
+        _gate_body(body, gate)
     if not restorer.has_any(body):
         return body
     try:
@@ -512,6 +532,7 @@ class SseCheckpoint:
     buffer: bytes
     scan: int
     channels: list[_SavedChannel]
+    gate: GateCheckpoint | None = None
 
 
 @dataclass(slots=True)
@@ -528,8 +549,9 @@ class _Site:
 class _DialectStream:
     """Per-dialect event handling on top of the shared channel bookkeeping."""
 
-    def __init__(self, restorer: Restorer) -> None:
+    def __init__(self, restorer: Restorer, gate: OutputGate | None = None) -> None:
         self._restorer = restorer
+        self._gate = gate
         self._channels: dict[ChannelKey, _Channel] = {}
 
     def handle(self, event: _Event, data: Any) -> list[bytes]:
@@ -573,14 +595,22 @@ class _DialectStream:
             channel = self._channels[key] = _Channel(stream, event, data, part)
         else:
             channel.event, channel.data, channel.part = event, data, part
+        if self._gate is not None:
+            self._gate.window(key).feed(text)  # the raw delta, before restore
         return channel.stream.feed(text)
+
+    def _end(self, key: ChannelKey) -> tuple[_Channel, str]:
+        """Ends one channel: its restorer's held text, and its gate window read to the end."""
+        channel = self._channels.pop(key)
+        if self._gate is not None:
+            self._gate.finish_window(key)
+        return channel, channel.stream.flush()
 
     def _flush(self, keys: Iterable[ChannelKey]) -> list[bytes]:
         """Ends channels: their held text goes out as synthetic delta events (none when empty)."""
         out: list[bytes] = []
         for key in keys:
-            channel = self._channels.pop(key)
-            text = channel.stream.flush()
+            channel, text = self._end(key)
             if text:
                 out.append(channel.event.render(self._synthetic(key, channel, text), synthetic=True))
         return out
@@ -598,15 +628,31 @@ class _DialectStream:
         rightly did not take for one (`x` + `EMAIL_…` is inside a word).
         """
         assert event.payload is not None
-        if self._restorer.has_any(event.payload):
+        restore = self._restorer.has_any(event.payload)
+        if restore or self._gate is not None:
             saved = [(site, site.container[site.field]) for site in fed if site.field in site.container]
             for site, _ in saved:
                 site.container[site.field] = None
-            data, tree_changed = restore_tree(data, self._restorer)
+            if self._gate is not None:
+                self._gate.read_tree(data)  # every other string of the event, before restore
+            if restore:
+                data, tree_changed = restore_tree(data, self._restorer)
+                changed = changed or tree_changed
             for site, value in saved:
                 site.container[site.field] = value
-            changed = changed or tree_changed
         return [event.render(data) if changed else event.raw]
+
+    def _held(self, data: Any, fed: Iterable[_Site]) -> list[bytes]:
+        """An event whose delta text is all held back goes out as nothing; the gate still reads
+        the rest of it."""
+        if self._gate is not None:
+            saved = [(site, site.container[site.field]) for site in fed if site.field in site.container]
+            for site, _ in saved:
+                site.container[site.field] = None
+            self._gate.read_tree(data)
+            for site, value in saved:
+                site.container[site.field] = value
+        return []
 
 
 def _apply(sites: list[_Site]) -> bool:
@@ -650,7 +696,7 @@ class _ChatStream(_DialectStream):
                 for key in [k for k in self._channels if k[1] == ci]:
                     site = by_key.get(key)
                     if site is not None:
-                        site.out += self._channels.pop(key).stream.flush()
+                        site.out += self._end(key)[1]
                     else:
                         before.extend(self._flush([key]))
             if _apply(sites):
@@ -661,7 +707,7 @@ class _ChatStream(_DialectStream):
         if changed:
             data["choices"] = kept
             if not kept and data.get("usage") is None:
-                return before  # the whole chunk is held back
+                return before + self._held(data, fed)  # the whole chunk is held back
         return before + self._plain(event, data, changed, fed)
 
     def _feed_choice(
@@ -768,7 +814,7 @@ class _ResponsesStream(_DialectStream):
             site = _Site(key, data, "delta", text, "")
             site.out = self._feed(key, event, data, data, text, json_escaped=spec.json_escaped)
             if not site.out:
-                return []  # all of it is held back
+                return self._held(data, [site])  # all of it is held back
             return self._plain(event, data, _apply([site]), [site])
         return self._flush_where(self._ended_by(etype, data)) + self._plain(event, data)
 
@@ -826,7 +872,7 @@ class _MessagesStream(_DialectStream):
             site = _Site(key, delta, field, text, "")
             site.out = self._feed(key, event, data, data, text, json_escaped=json_escaped)
             if not site.out:
-                return []  # all of it is held back
+                return self._held(data, [site])  # all of it is held back
             return self._plain(event, data, _apply([site]), [site])
         if etype == "content_block_stop":
             index = data.get("index")
@@ -857,24 +903,28 @@ class SseRestorer:
     `\\r\\n` cut by a chunk boundary is never looked at half).
     """
 
-    def __init__(self, restorer: Restorer, dialect: str) -> None:
+    def __init__(self, restorer: Restorer, dialect: str, gate: OutputGate | None = None) -> None:
         self._restorer = restorer
-        self._dialect = SSE_DIALECTS.get(dialect, _DialectStream)(restorer)
+        self._gate = gate
+        self._dialect = SSE_DIALECTS.get(dialect, _DialectStream)(restorer, gate)
         self._buf = bytearray()
         self._scan = 0  # where the search for the end of the pending event resumes
 
     def checkpoint(self) -> SseCheckpoint:
         """The state before a chunk, so the chunk can be restored again from it (`rollback`): how
         consistent pseudonyms go back over a chunk once the vault has answered."""
-        return SseCheckpoint(bytes(self._buf), self._scan, self._dialect.checkpoint())
+        gate = self._gate.checkpoint() if self._gate is not None else None
+        return SseCheckpoint(bytes(self._buf), self._scan, self._dialect.checkpoint(), gate)
 
     def rollback(self, checkpoint: SseCheckpoint) -> None:
         self._buf = bytearray(checkpoint.buffer)
         self._scan = checkpoint.scan
         self._dialect.rollback(checkpoint.channels)
+        if self._gate is not None and checkpoint.gate is not None:
+            self._gate.rollback(checkpoint.gate)
 
     def feed(self, chunk: bytes) -> bytes:
-        if not self._restorer.active:
+        if not self._restorer.active and self._gate is None:
             return chunk
         buf = self._buf
         buf += chunk
@@ -896,11 +946,13 @@ class SseRestorer:
 
     def finish(self) -> bytes:
         """End of the reply: flush every channel; a last event without its blank line is restored as text."""
-        if not self._restorer.active:
+        if not self._restorer.active and self._gate is None:
             return b""
         out = self._dialect.flush_all()
         if self._buf:
             text = bytes(self._buf).decode("utf-8", "surrogateescape")
+            if self._gate is not None:
+                self._gate.read(text)
             out.append(self._restorer.restore_text(text).encode("utf-8", "surrogateescape"))
             self._buf.clear()
         self._scan = 0
@@ -919,7 +971,11 @@ class SseRestorer:
             try:
                 text = payload.decode("utf-8")
             except UnicodeDecodeError:
+                if self._gate is not None:
+                    self._gate.read(payload.decode("utf-8", "replace"))
                 return [raw]
+            if self._gate is not None:
+                self._gate.read(text)
             restored = self._restorer.restore_text(text)
             return [raw] if restored == text else [event.render(restored)]
         return self._dialect.handle(event, data)

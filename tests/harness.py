@@ -37,6 +37,8 @@ KEYS = {
     # Tenants only the stacks that ask for them get (`running_stack(tenants=...)`).
     "pseudonyms": "sk-test-tenant-pseudonyms",
     "pseudonyms-b": "sk-test-tenant-pseudonyms-b",
+    "gate-deny": "sk-test-tenant-gate-deny",
+    "gate-off": "sk-test-tenant-gate-off",
 }
 # Test-only secrets (the stack reads them from the environment like a deployment would).
 ADMIN_TOKEN = "test-admin-token-0123456789abcdef"

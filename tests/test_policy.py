@@ -46,6 +46,8 @@ KNOB_ATTRS = {
     "reportOnly": "report_only",
     "allowHeaderOverride": "allow_header_override",
     "skipDocumentationIps": "skip_documentation_ips",
+    "outputGate": "output_gate",
+    "outputSets": "output_sets_given",
     "upstreams": "upstreams",
 }
 DEFAULT_YAML = "tenant: default\nmode: reversible\nsets: [pii, pci, secrets]\nfailMode: closed\n"
@@ -120,6 +122,40 @@ def test_for_api_key_selects_by_sha256_of_the_raw_key(tmp_path: Path) -> None:
 def test_hash_api_key_is_sha256_hex() -> None:
     """The digest is the well-known sha256 of the UTF-8 key."""
     assert hash_api_key("test") == "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+
+
+@pytest.mark.parametrize("written", ["off", "report", "deny", '"off"'])
+def test_output_gate_values_load(tmp_path: Path, written: str) -> None:
+    """outputGate takes off (bare or quoted: YAML 1.1 reads a bare off as false), report, deny."""
+    path = write_dir(tmp_path, {"t.yaml": f"tenant: t\noutputGate: {written}\n"}) / "t.yaml"
+    assert load_policy_file(path).output_gate == written.strip('"')
+
+
+def test_output_sets_default_to_the_tenants_sets(tmp_path: Path) -> None:
+    files = {
+        "a.yaml": "tenant: a\nsets: [pii]\n",
+        "b.yaml": "tenant: b\nsets: [pii]\noutputSets: [secrets]\n",
+        "c.yaml": "tenant: c\noutputSets: null\noutputGate: off\n",
+    }
+    root = write_dir(tmp_path, files)
+    a, b, c = (load_policy_file(root / name) for name in files)
+    assert a.output_sets == ("pii",) and b.output_sets == ("secrets",)
+    assert c.output_sets == ALL_SETS and c.output_gate_sets == ()
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("outputGate: block", "outputGate"),
+        ("outputSets: [pii, bogus]", "outputSets"),
+        ("outputSets: pii", "outputSets"),
+    ],
+)
+def test_bad_output_gate_knobs_are_named(tmp_path: Path, text: str, key: str) -> None:
+    path = write_dir(tmp_path, {"t.yaml": f"tenant: t\n{text}\n"}) / "t.yaml"
+    with pytest.raises(PolicyError) as info:
+        load_policy_file(path)
+    assert info.value.key == key
 
 
 @pytest.mark.parametrize("written", ["off", "Off", "OFF", '"off"'])
@@ -430,6 +466,11 @@ STRICTER: list[tuple[str, object, object]] = [
     ("reportOnly", True, False),
     ("allowHeaderOverride", True, False),
     ("skipDocumentationIps", True, False),
+    ("outputGate", "off", "report"),
+    ("outputGate", "report", "deny"),
+    ("outputGate", "off", "deny"),
+    ("outputSets", ("pii",), ("pii", "secrets")),
+    ("outputSets", (), ("secrets",)),
 ]
 
 
@@ -504,6 +545,8 @@ def test_several_less_strict_knobs_are_all_named_in_order() -> None:
         failMode="open",
         sets=("pii",),
         mode="off",
+        outputGate="off",
+        outputSets=("pii",),
     )
     strictest = with_knobs(requireSubject=True, mode="strip")
     # All but vaultTtlSeconds, which only compares tenants that both keep values.

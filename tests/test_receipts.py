@@ -74,6 +74,20 @@ def fields(tenant: str, n: int = 0, **extra: Any) -> ReceiptFields:
     )
 
 
+def test_an_output_record_names_its_exchange_and_omits_what_it_lacks() -> None:
+    """The output gate's record: decision `output`, its exchange's hash; without the field a
+    record hashes as it always did (optional fields are left out, not written empty)."""
+    exchange = chain_hash(GENESIS, fields("t").record())
+    output = ReceiptFields(
+        tenant="t", dialect="chat", mode="reversible", decision="output", stage="output",
+        counts={"OPENAI_KEY": 1}, exchange=exchange,
+    )  # fmt: skip
+    assert output.record()["exchange"] == exchange and output.record()["decision"] == "output"
+    assert "exchange" not in fields("t").record()
+    with pytest.raises(ValueError, match="exchange"):
+        ReceiptFields(tenant="t", dialect="chat", mode="off", decision="output", counts={}, exchange="nope")
+
+
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with redis_server(tmp_path_factory.mktemp("receipts")) as server:
