@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
@@ -38,19 +39,22 @@ from ext_proc.restore import (
     PseudonymRestorer,
     Restorer,
     SseRestorer,
-    neutralise_pseudonyms,
+    SurrogateRestorer,
     restore_json_body,
     restorer_for,
 )
 from ext_proc.subject_header import SubjectHeader, SubjectHeaderError, parse_subject_header
 from ext_proc.subjects import CompiledSubjects, compile_subjects
-from ext_proc.vault import Vault, VaultError
+from ext_proc.surrogates import family_of, surrogates_kept
+from ext_proc.vault import SurrogateExhausted, SurrogateWanted, Vault, VaultError
 from ext_proc.walk import LeafWalker, dump_json, parse_json
 
 log = logging.getLogger("cordon.exchange")
 _T = TypeVar("_T")
 MAX_MESSAGE_TIMEOUT = 300  # the bootstrap's max_message_timeout: Envoy ignores longer overrides
 
+# A placeholder of this request as redaction writes it (placeholders.format_placeholder).
+_OWN_PLACEHOLDER = re.compile(r"<([A-Z0-9_]+)_[0-9a-f]+_[0-9]+>")
 ROUTE_ATTRIBUTE = "xds.route_name"
 EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
 SUBJECT_HEADER = "x-cordon-subject"
@@ -136,6 +140,19 @@ def _declared_type(part: MediaPart) -> str | None:
     return value.strip().lower() if isinstance(value, str) else None
 
 
+def build_output_gate(catalog: Catalog, restorer: Restorer, *, deny: bool) -> OutputGate:
+    """An output gate that reads this request's placeholders (every form its restorer takes, and
+    strip markers) as separators, and leaves a placeholder still being streamed for later."""
+    nonce = restorer.nonce
+
+    def neutralise(text: str) -> str:
+        if "<" in text or "[" in text:
+            text = neutralise_own_markers(text, nonce)
+        return restorer.neutralise(text)
+
+    return OutputGate(catalog, neutralise, deny=deny, open_tail=restorer.open_tail)
+
+
 @dataclass(slots=True)
 class Exchange:
     runtime: Runtime
@@ -166,6 +183,8 @@ class Exchange:
     output_denied: bool = False
     output_sealed: bool = False
     vault_down: bool = False  # a vault read failed: later placeholders are not looked up
+    # mode: surrogate: this request's surrogate → original, once claimed (never logged)
+    surrogates: dict[str, str] = field(default_factory=dict, repr=False)
     started: float = field(default_factory=time.perf_counter)
     timings: dict[str, float] = field(default_factory=dict)
     logged: bool = False
@@ -206,6 +225,8 @@ class Exchange:
         if self.decision is not None and not self.sealed and response is not None:
             if isinstance(self.pmap, PseudonymMap) and self.pmap and self.decision == "forwarded":
                 response = await self.store_pseudonyms(response)
+            elif self.uses_surrogates and self.pmap and self.decision == "forwarded":
+                response = await self.claim_surrogates(response, offload)
             response = await self.seal(response)
             if self.decision == "refused":
                 self.finish_log()
@@ -319,15 +340,25 @@ class Exchange:
 
     def choose_placeholders(self) -> None:
         """Consistent pseudonyms for a tenant that restores and wants them; per-request otherwise
-        (strip writes markers, and under reportOnly nothing leaves redacted to be restored)."""
+        (strip writes markers, and under reportOnly nothing leaves redacted to be restored).
+        `mode: surrogate` writes per-request placeholders first: `claim_surrogates` replaces them."""
         policy = self.policy
         assert policy is not None
+        if self.uses_surrogates and self.runtime.vault is None:
+            # Refused at load without TENANT_SECRET; X-Redact-Mode cannot ask for it (it only
+            # tightens, and surrogate is looser than every mode but off).
+            raise Refusal(503, "vault", "surrogates are not configured (TENANT_SECRET)")
         if not policy.consistent_pseudonyms or policy.mode != "reversible" or policy.report_only:
             return
         if self.runtime.vault is None:
             # Policies that need TENANT_SECRET are refused at load without it: not reached.
             raise Refusal(503, "vault", "consistent pseudonyms are not configured (TENANT_SECRET)")
         self.pmap = PseudonymMap(self.runtime.vault.pseudonym_key(policy.tenant))
+
+    @property
+    def uses_surrogates(self) -> bool:
+        """`mode: surrogate`, and the body leaves redacted (not reportOnly)."""
+        return self.policy is not None and self.policy.mode == "surrogate" and not self.policy.report_only
 
     @staticmethod
     def override_mode(policy: Policy, wanted: str) -> Policy:
@@ -602,10 +633,14 @@ class Exchange:
         assert self.route is not None and self.policy is not None
         policy = self.policy
         catalog = self.catalog()
-        replacement: Replacement = reversible(self.pmap) if policy.mode == "reversible" else strip
+        # Surrogate mode writes placeholders first; claim_surrogates swaps them before release.
+        restores = policy.mode in ("reversible", "surrogate")
+        replacement: Replacement = reversible(self.pmap) if restores else strip
         counts = self.counts
         detect = catalog.detect
         subject_detect = self.subjects.detect if self.subjects is not None else None
+        if policy.mode == "surrogate":
+            detect = surrogates_kept(detect)
 
         def visit(text: str) -> str:
             findings = detect(text)
@@ -631,7 +666,7 @@ class Exchange:
         needs_restore = (
             self.route is not None
             and self.policy is not None
-            and self.policy.mode == "reversible"
+            and self.policy.mode in ("reversible", "surrogate")
             and not self.policy.report_only  # the upstream saw the original: nothing to restore
             # Consistent pseudonyms: the reply may name those of earlier requests, in the vault.
             and (bool(self.pmap) or isinstance(self.pmap, PseudonymMap))
@@ -644,7 +679,11 @@ class Exchange:
             and encoding == "identity"
         )
         if needs_restore or gated:
-            self.restorer = restorer_for(self.pmap) if needs_restore else Restorer(PlaceholderMap())
+            if self.policy is not None and self.policy.mode == "surrogate":
+                # Its gate reads this request's surrogates as separators, restored or not.
+                self.restorer = SurrogateRestorer(self.surrogates, self.pmap.nonce)
+            else:
+                self.restorer = restorer_for(self.pmap) if needs_restore else Restorer(PlaceholderMap())
             self.gate = self.output_gate() if gated else None
         if (needs_restore or gated) and content_type.startswith("text/event-stream"):
             self.response_kind = "sse"
@@ -707,20 +746,14 @@ class Exchange:
     # --- the output gate ----------------------------------------------------------------------
 
     def output_gate(self) -> OutputGate:
-        """This exchange's gate: the policy's output sets, this request's placeholders left out.
-        Under reportOnly it only reports: the reply is never changed."""
-        assert self.policy is not None
+        """This exchange's gate: the policy's output sets; this request's placeholders, in every
+        form restore takes (and strip markers), read as separators. Under reportOnly it only
+        reports: the reply is never changed."""
+        assert self.policy is not None and self.restorer is not None
         policy = self.policy
         catalog = Catalog.for_sets(policy.output_sets, skip_documentation_ips=policy.skip_documentation_ips)
         deny = policy.output_gate == "deny" and not policy.report_only
-        if isinstance(self.pmap, PseudonymMap):
-            return OutputGate(catalog, neutralise_pseudonyms, deny=deny)
-        nonce = self.pmap.nonce
-
-        def neutralise(text: str) -> str:
-            return neutralise_own_markers(text, nonce) if "<" in text or "[" in text else text
-
-        return OutputGate(catalog, neutralise, deny=deny)
+        return build_output_gate(catalog, self.restorer, deny=deny)
 
     def output_refusal(self) -> Refusal:
         assert self.gate is not None
@@ -789,6 +822,95 @@ class Exchange:
             self.timings["vault_write_ms"] = round((time.perf_counter() - start) * 1000, 3)
         self.runtime.metrics.inc("cordon_vault_writes_total", len(self.pmap))
         return response
+
+    async def claim_surrogates(self, response: pb.ProcessingResponse, offload: bool) -> pb.ProcessingResponse:
+        """`mode: surrogate`: claim a surrogate per distinct value in the tenant's registry, put the
+        surrogates where redaction wrote this request's placeholders, and, for a request that
+        declares subjects, check the final body again (a surrogate must not spell a declared
+        identifier). Only then is the body released. Redis failing, or no free surrogate: 503
+        `vault`, whatever failMode says (fail closed, as for the pseudonym vault)."""
+        assert self.policy is not None and self.route is not None
+        if response.HasField("immediate_response"):
+            return response
+        mutation = response.request_body.response.body_mutation
+        if not mutation.HasField("body"):
+            return response  # nothing was redacted into this body (a failMode: open gap)
+        wanted: dict[str, SurrogateWanted] = {}
+        for text, original in self.pmap.originals.items():
+            m = _OWN_PLACEHOLDER.fullmatch(text)
+            if m is None:
+                raise AssertionError("the request map holds a key outside the placeholder grammar")
+            wanted[text] = SurrogateWanted(family_of(m.group(1)), original)
+        vault = self.runtime.vault
+        start = time.perf_counter()
+        try:
+            if vault is None:
+                raise VaultError("no surrogate registry is configured")
+            claimed = await vault.claim_surrogates(
+                self.policy.tenant,
+                wanted.values(),
+                self.policy.vault_ttl_seconds,
+                avoid=self.surrogate_clash(mutation.body),
+            )
+        except (VaultError, SurrogateExhausted) as exc:
+            self.runtime.metrics.inc("cordon_vault_errors_total", op="claim")
+            self.vault_log(logging.ERROR, "surrogate_claim_failed", values=len(wanted), reason=str(exc))
+            message = "surrogates could not be claimed; the request was not forwarded"
+            return self.refuse(Refusal(503, "vault", message))
+        finally:
+            self.timings["surrogate_ms"] = round((time.perf_counter() - start) * 1000, 3)
+        by_placeholder = {text: claimed[item].encode("ascii") for text, item in wanted.items()}
+
+        def swap(m: re.Match[bytes]) -> bytes:
+            return by_placeholder.get(m.group(0).decode("ascii"), m.group(0))
+
+        # Surrogates need no escaping at any depth (ext_proc.surrogates): a bytes substitution
+        # is the same as writing them into the document.
+        own = re.compile(rb"<[A-Z0-9_]+_" + self.pmap.nonce.encode("ascii") + rb"_[0-9]+>")
+        final = own.sub(swap, mutation.body)
+        self.surrogates = {claimed[item]: item.original for item in wanted.values()}
+        self.runtime.metrics.inc("cordon_surrogate_claims_total", len(claimed))
+        if self.subjects is not None:
+            check = (self.route.dialect, self.subjects)
+            try:
+                if offload:
+                    hit = await self.runtime.offload(self.guarded, check_body, final, *check)
+                else:
+                    hit = self.guarded(check_body, final, *check)
+            except Refusal as refusal:
+                return self.refuse(refusal)
+            if hit is not None:
+                self.egress = "refused"
+                return self.refuse(
+                    Refusal(
+                        422,
+                        "egress",
+                        f"a declared identifier ({hit.label}) would still have left in the request body",
+                        kind=hit.label,
+                    )
+                )
+        return envoy.request_body(final)
+
+    def surrogate_clash(self, body: bytes) -> Callable[[str], bool]:
+        """Which candidates this request must not use: one that is already text of the request
+        (restore would take the caller's own text for the value), equals one of its values, or
+        spells a declared identifier (the egress check would refuse the body)."""
+        text = body.decode("utf-8", "replace").casefold()
+        originals = {original.casefold() for original in self.pmap.originals.values()}
+        subjects = self.subjects
+
+        def clash(candidate: str) -> bool:
+            folded = candidate.casefold()
+            if folded in originals:
+                return True
+            if folded in text:
+                # Word-bounded, as restore would read it (`x7` inside `0x7f` is no clash).
+                pattern = SurrogateRestorer({candidate: ""}, self.pmap.nonce).pattern
+                if pattern is not None and pattern.search(text) is not None:
+                    return True
+            return subjects is not None and subjects.first_survivor(candidate) is not None
+
+        return clash
 
     async def restore_with_vault(
         self, request: pb.ProcessingRequest, restorer: PseudonymRestorer, offload: bool

@@ -48,6 +48,10 @@ HELP = {
         "Placeholders left in a reply unrestored because the vault was unavailable or over the limit.",
     ),
     "cordon_vault_invalid_entries_total": ("counter", "Vault entries that did not decrypt (read as absent)."),
+    "cordon_surrogate_claims_total": (
+        "counter",
+        "Surrogates claimed (or kept alive) in the surrogate registry, one per distinct value.",
+    ),
     "cordon_output_findings_total": (
         "counter",
         "Distinct values the output gate found in model output, by kind (outputGate report or deny).",

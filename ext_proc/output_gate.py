@@ -52,6 +52,10 @@ STRUCTURAL_KEYS = frozenset(
 # one scan per few KB instead of one per delta.
 PENDING_CHARS = 4096
 
+# Short texts remembered per reply (each event of a stream repeats its keys and bookkeeping).
+SEEN_TEXT_CHARS = 256
+SEEN_TEXTS = 4096
+
 # Beyond this depth a subtree is read as its JSON text instead of walked.
 MAX_DEPTH = 64
 
@@ -66,23 +70,45 @@ class GateCheckpoint:
 class OutputGate:
     """One exchange's reading of model output: the distinct findings per kind, and whether any."""
 
-    def __init__(self, catalog: Catalog, neutralise: Neutraliser, *, deny: bool = False) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        neutralise: Neutraliser,
+        *,
+        deny: bool = False,
+        open_tail: Callable[[str], int] | None = None,
+    ) -> None:
         self.catalog = catalog
         self.deny = deny
         self._neutralise = neutralise
+        # Where a placeholder still being written starts at the end of a channel's text: a
+        # window reads up to there and takes the rest with the next delta (the stream holds it
+        # back too), so half a placeholder is never read as a value.
+        self._open_tail = open_tail or len
         self._key = secrets.token_bytes(16)
         self._seen: dict[str, set[bytes]] = {}
         self._windows: dict[Hashable, GateWindow] = {}
         self.tripped = False
         self.kinds: set[str] = set()  # every kind seen, counted or not yet (what a refusal names)
+        self._read: dict[str, bool] = {}  # short texts already read, and whether they held a finding
 
     def counts(self) -> dict[str, int]:
         return {kind: len(values) for kind, values in sorted(self._seen.items())}
 
     def read(self, text: str) -> bool:
-        """Reads a whole string; True if it carries a finding."""
+        """Reads a whole string; True if it carries a finding. A short string read before in this
+        reply (the keys and bookkeeping every event repeats) is answered from what it gave then."""
         if not text:
             return False
+        short = len(text) <= SEEN_TEXT_CHARS
+        if short and text in self._read:
+            return self._read[text]
+        found = self._read_new(text)
+        if short and len(self._read) < SEEN_TEXTS:
+            self._read[text] = found
+        return found
+
+    def _read_new(self, text: str) -> bool:
         text = self._neutralise(text)
         findings = self.detect(text)
         for finding in findings:
@@ -178,14 +204,18 @@ class GateWindow:
         if not self._pending and not (final and self._tail):
             return False
         gate = self._gate
-        raw = self._tail + "".join(self._pending)
+        joined = self._tail + "".join(self._pending)
+        cut = len(joined) if final else gate._open_tail(joined)
+        raw, rest = joined[:cut], joined[cut:]
         text = gate._neutralise(raw)
-        findings = gate.detect(text)
+        findings = gate.detect(text) if text else []
         for finding in findings:
             if final or finding.end < len(text):  # settled: no later delta can make it longer
                 gate._record(finding.kind, text[finding.start : finding.end])
+        # The window looks back from the cut; the open tail is read with what comes next.
         self._tail = "" if final else raw[-WINDOW:]
-        self._pending, self._pending_chars = [], 0
+        self._pending = [rest] if rest else []
+        self._pending_chars = len(rest)
         if findings:
             gate.tripped = True
             gate.kinds.update(f.kind for f in findings)

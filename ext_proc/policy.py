@@ -21,11 +21,11 @@ import yaml
 
 from ext_proc.findings import ALL_SETS
 
-Mode = Literal["reversible", "strip", "off"]
+Mode = Literal["reversible", "surrogate", "strip", "off"]
 FailMode = Literal["closed", "open"]
 MediaPolicy = Literal["block", "mask", "allow"]
 
-MODES: tuple[Mode, ...] = ("reversible", "strip", "off")
+MODES: tuple[Mode, ...] = ("reversible", "surrogate", "strip", "off")
 FAIL_MODES: tuple[FailMode, ...] = ("closed", "open")
 MEDIA_POLICIES: tuple[MediaPolicy, ...] = ("block", "mask", "allow")
 OUTPUT_GATES: tuple[str, ...] = ("off", "report", "deny")
@@ -87,8 +87,9 @@ class Policy:
 
     @property
     def vault_retention(self) -> int:
-        """Seconds the vault keeps this tenant's values: the TTL, or 0 without consistent pseudonyms."""
-        return self.vault_ttl_seconds if self.consistent_pseudonyms else 0
+        """Seconds the vault keeps this tenant's values (consistent pseudonyms, or the surrogate
+        registry under `mode: surrogate`): the TTL, or 0 when it keeps none."""
+        return self.vault_ttl_seconds if self.consistent_pseudonyms or self.mode == "surrogate" else 0
 
 
 def _bool(source: Path, key: str, value: object) -> bool:
@@ -260,6 +261,13 @@ def deployment_check(*, tenant_secret: bool) -> PolicyCheck:
                 "needs TENANT_SECRET, which is unset: set it (at least 32 random characters, the same "
                 "on every replica) or turn consistentPseudonyms off",
             )
+        if policy.mode == "surrogate" and not tenant_secret:
+            raise PolicyError(
+                policy.source,
+                "mode",
+                "surrogate needs TENANT_SECRET, which is unset: set it (at least 32 random characters, "
+                "the same on every replica) or choose another mode",
+            )
 
     return check
 
@@ -403,7 +411,10 @@ def policy_signature(directory: str | Path) -> tuple[tuple[str, int, int], ...]:
 
 # Rank of each value, higher = stricter. MODE_STRICTNESS is also what lets X-Redact-Mode only
 # tighten a tenant's mode.
-MODE_STRICTNESS: Mapping[str, int] = {"off": 0, "reversible": 1, "strip": 2}
+# `surrogate` sits between off and reversible: like reversible it hides every value and restores
+# it, but the model sees each value's kind and shape (a plausible name, a phone's layout, a date's
+# distance to the others), where a placeholder shows only the kind.
+MODE_STRICTNESS: Mapping[str, int] = {"off": 0, "surrogate": 1, "reversible": 2, "strip": 3}
 FAIL_MODE_STRICTNESS: Mapping[str, int] = {"open": 0, "closed": 1}
 MEDIA_STRICTNESS: Mapping[str, int] = {"allow": 0, "mask": 1, "block": 2}
 OUTPUT_GATE_STRICTNESS: Mapping[str, int] = {"off": 0, "report": 1, "deny": 2}
@@ -458,8 +469,10 @@ def less_strict_knobs(target: Policy, base: Policy) -> list[str]:
     strict as the tenant its API key selects (`base`), knob by knob, so the header can never buy a
     caller less protection than the platform team gave its key. Keys come in the order below.
 
-    - mode: off < reversible < strip. Off sends values as they are; reversible hides them from the
-      model but brings them back in the reply; strip hides them for good.
+    - mode: off < surrogate < reversible < strip. Off sends values as they are; surrogate hides
+      them behind fictional values of the same kind and shape (the model sees the shape) and
+      brings them back; reversible hides them behind placeholders (the model sees only the kind)
+      and brings them back; strip hides them for good.
     - sets: the target must detect every set the base detects (a superset); fewer sets, fewer
       redactions.
     - failMode: open < closed. Open forwards unredacted text when a step fails.
@@ -467,9 +480,9 @@ def less_strict_knobs(target: Policy, base: Policy) -> list[str]:
     - consistentPseudonyms: true < false. Placeholders stable across requests let the model link
       the same value between conversations; per-request placeholders link nothing across them.
     - vaultTtlSeconds: longer < shorter, between two tenants that both keep values in the vault
-      (consistent pseudonyms): a longer TTL keeps them, encrypted, for longer. The TTL of a tenant
-      that keeps nothing never counts; a target that keeps values where the base keeps none is
-      already less strict on consistentPseudonyms.
+      (consistent pseudonyms, or the surrogate registry): a longer TTL keeps them, encrypted, for
+      longer. The TTL of a tenant that keeps nothing never counts; a target that keeps values
+      where the base keeps none is already less strict on consistentPseudonyms or mode.
     - requireSubject: false < true. False lets a request through without declared subjects.
     - subjectMedia: allow < mask < block. Allow forwards images as they are; mask forwards what OCR
       could paint over (and OCR can miss); block forwards no media.

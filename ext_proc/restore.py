@@ -17,6 +17,10 @@ first and collects the others for the exchange to look up in the tenant's vault 
 before the same bytes are restored again. Only what this request's map or the tenant's vault
 holds is restored; a look-alike a user typed is neither.
 
+Realistic surrogates (`mode: surrogate`, ext_proc.surrogates) are ordinary-looking text:
+`SurrogateRestorer` matches this request's surrogates themselves, case-insensitively and on word
+boundaries, and fits the same streaming machinery.
+
 Streaming: a placeholder may be split over any number of deltas. Each delta channel (one choice's
 content, one tool call's arguments, one Anthropic content block, …) has a `StreamRestorer` that
 emits everything that can no longer be part of a placeholder at once and holds back only the tail
@@ -46,6 +50,7 @@ from .placeholders import (
     format_placeholder,
     format_pseudonym,
 )
+from .surrogates import SURROGATE_DOMAIN
 
 # Strings that are themselves JSON text: an original inserted there must be JSON-string-escaped,
 # because the placeholder sits inside a JSON string inside that text (tool-call arguments).
@@ -110,12 +115,8 @@ _DIGEST_HINT = regex.compile(rf"_[0-9a-fA-F]{{{PSEUDONYM_HEX_CHARS}}}(?![0-9a-zA
 _DIGEST_HINT_BYTES = regex.compile(rf"_[0-9a-fA-F]{{{PSEUDONYM_HEX_CHARS}}}(?![0-9a-zA-Z])".encode())
 
 
-def neutralise_pseudonyms(text: str) -> str:
-    """Consistent pseudonyms, in every tolerated form, read as a separator (the output gate's view
-    of a reply: a placeholder is never a finding)."""
-    if _DIGEST_HINT.search(text) is None:
-        return text
-    return _pseudonym_pattern().sub(" ", text)
+# The longest placeholder in any tolerated form (label, digest or nonce and index, escapes).
+_OPEN_TAIL_CHARS = 160
 
 
 def _compact(data: Any) -> bytes:
@@ -154,6 +155,26 @@ class Restorer:
     def active(self) -> bool:
         """Whether there is anything to restore at all (the request had placeholders)."""
         return self.pattern is not None
+
+    def neutralise(self, text: str) -> str:
+        """`text` with every form of placeholder this restorer matches read as a space: the output
+        gate's view of model output (a placeholder is never a finding)."""
+        if self.pattern is None or not self.has_any(text):
+            return text
+        return self.pattern.sub(" ", text)
+
+    def open_tail(self, text: str) -> int:
+        """Where a placeholder that more text could still complete begins at the end of `text`
+        (len(text) if none): what a stream holds back, and the output gate reads later."""
+        pattern = self.pattern
+        if pattern is None:
+            return len(text)
+        i = max(0, len(text) - _OPEN_TAIL_CHARS)
+        while (m := pattern.search(text, i, partial=True)) is not None:
+            if m.partial or not _decided(text, m):
+                return m.start()
+            i = m.end()
+        return len(text)
 
     def has_any(self, data: bytes | str) -> bool:
         """Cheap pre-check: could `data` hold one of this exchange's placeholders (its nonce, any case)?"""
@@ -273,6 +294,72 @@ class PseudonymRestorer(Restorer):
                 self._absent.add(placeholder)
             else:
                 self._originals[placeholder] = original
+
+
+class SurrogateRestorer(Restorer):
+    """Restores this request's realistic surrogates (`mode: surrogate`, ext_proc.surrogates).
+
+    A surrogate is ordinary-looking text (`Nadia Okafor`, `nadia.okafor07@example.invalid`), so
+    the pattern is the alternation of this request's surrogates themselves, longest first, matched
+    case-insensitively (the registry never gives two values surrogates that differ only in case)
+    and on word boundaries: an edge of a surrogate that is a word character must not continue a
+    word (`Nadia Okaforson` is not `Nadia Okafor`). An earlier turn's surrogates come back with the
+    history the caller resends (its values are in the request again, and get the same surrogates).
+
+    The `close` group, which `StreamRestorer` reads to decide whether a match could still grow,
+    is set when the text after the match (or the surrogate's own last character) ends the word; a
+    match that ends where the text ends stays held back until more text, or the channel's end,
+    decides it.
+    """
+
+    __slots__ = ()
+
+    def __init__(self, originals: Mapping[str, str], nonce: str) -> None:
+        self.nonce = nonce  # the request's placeholder nonce: what the gate reads strip markers by
+        self._nonce_bytes = b""
+        self._escaped = {}
+        self._originals = {}
+        self.pattern = None
+        for surrogate, original in originals.items():
+            folded = surrogate.casefold()
+            if folded in self._originals and self._originals[folded] != original:
+                raise ValueError("two values of one request share a surrogate")
+            self._originals[folded] = original
+        if originals:
+            self.pattern = _surrogate_pattern(tuple(sorted(originals, key=lambda t: (-len(t), t))))
+
+    def has_any(self, data: bytes | str) -> bool:
+        """Cheap pre-check: does `data` hold one of this request's surrogates, in any case (one
+        substring search each, in C; the pattern then decides about word boundaries)."""
+        if self.pattern is None:
+            return False
+        text = data if isinstance(data, str) else data.decode("utf-8", "surrogateescape")
+        folded = text.casefold()
+        return any(surrogate in folded for surrogate in self._originals)
+
+    def key_of(self, m: regex.Match[str]) -> str | None:
+        return m.group("surrogate").casefold()
+
+    def neutralise(self, text: str) -> str:
+        """This request's surrogates, and every address at the surrogate domain (an earlier turn's
+        surrogate, which the catalog would read as an email), read as a space: the output gate's
+        view of model output."""
+        text = super().neutralise(text)
+        if SURROGATE_DOMAIN in text or SURROGATE_DOMAIN in text.lower():
+            text = _SURROGATE_EMAIL.sub(" ", text)
+        return text
+
+
+@functools.lru_cache(maxsize=256)
+def _surrogate_pattern(surrogates: tuple[str, ...]) -> regex.Pattern[str]:
+    alternation = "|".join(regex.escape(text) for text in surrogates)
+    return regex.compile(
+        rf"(?:(?<!\w)|(?=\W))(?P<surrogate>{alternation})(?:(?P<close>(?<=\W)|(?=\W))|(?!\w))",
+        regex.IGNORECASE,
+    )
+
+
+_SURROGATE_EMAIL = regex.compile(rf"[\w.+-]+@{regex.escape(SURROGATE_DOMAIN)}(?![\w.-])", regex.IGNORECASE)
 
 
 def restorer_for(pmap: PlaceholderMap | PseudonymMap) -> Restorer:

@@ -26,15 +26,26 @@ encrypted once and then only has its expiry extended (EXPIRE, then SET NX EX), s
 does not spend a random nonce per request and value: stored ciphertexts, not requests, count
 towards the 2³² random nonces one key may take.
 
+Surrogates (`mode: surrogate`, ext_proc.surrogates) live beside the vault, one string per claimed
+surrogate, so two values of a tenant never share one (SET NX decides, across every replica)::
+
+    <prefix>:{<tenant>}:surrogate:<HMAC(pseudonym key, casefolded surrogate), 32 hex>
+        0x01 ‖ nonce ‖ AES-GCM(family NUL value), associated data `cordon/surrogate/v1 NUL tenant NUL id`
+
+The key names no surrogate and the entry no plaintext; the entry expires `vaultTtlSeconds` after
+the last request that used it (then the surrogate may go to another value).
+
 Neither the secret, a key, a value nor a ciphertext is ever logged; errors name the failure only.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import os
-from collections.abc import Awaitable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import regex
@@ -43,9 +54,10 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from ext_proc.placeholders import PSEUDONYM_HEX_CHARS, PSEUDONYM_LABELS
+from ext_proc.placeholders import PSEUDONYM_HEX_CHARS, PSEUDONYM_LABELS, normalise_value
 from ext_proc.receipts import valid_tenant
 from ext_proc.redis_client import REDIS_ERRORS, RedisClient, connect
+from ext_proc.surrogates import MAX_ATTEMPTS, candidate, claim_form
 
 _T = TypeVar("_T")
 
@@ -84,29 +96,59 @@ def derive_keys(secret: str, tenant: str) -> TenantKeys:
     return TenantKeys(pseudonym=derive(b"cordon/pseudonym/v1"), vault=derive(b"cordon/vault/v1"))
 
 
-def associated_data(tenant: str, placeholder: str) -> bytes:
-    return b"cordon/vault/v1\x00" + tenant.encode("ascii") + b"\x00" + placeholder.encode("ascii")
+def associated_data(tenant: str, placeholder: str, purpose: bytes = b"cordon/vault/v1") -> bytes:
+    return purpose + b"\x00" + tenant.encode("ascii") + b"\x00" + placeholder.encode("ascii")
 
 
-def seal(key: bytes, tenant: str, placeholder: str, original: str) -> bytes:
+def seal(
+    key: bytes, tenant: str, placeholder: str, original: str, purpose: bytes = b"cordon/vault/v1"
+) -> bytes:
     """One entry's stored bytes: version, a random nonce, AES-256-GCM of the UTF-8 value."""
     nonce = os.urandom(NONCE_BYTES)
     ciphertext = AESGCM(key).encrypt(
-        nonce, original.encode("utf-8", "surrogatepass"), associated_data(tenant, placeholder)
+        nonce, original.encode("utf-8", "surrogatepass"), associated_data(tenant, placeholder, purpose)
     )
     return VERSION + nonce + ciphertext
 
 
-def unseal(key: bytes, tenant: str, placeholder: str, blob: bytes) -> str | None:
+def unseal(
+    key: bytes, tenant: str, placeholder: str, blob: bytes, purpose: bytes = b"cordon/vault/v1"
+) -> str | None:
     """The value of an entry, or None when it is not one this tenant wrote for this placeholder."""
     if len(blob) < 1 + NONCE_BYTES + 16 or blob[:1] != VERSION:
         return None
     nonce, ciphertext = blob[1 : 1 + NONCE_BYTES], blob[1 + NONCE_BYTES :]
     try:
-        plain = AESGCM(key).decrypt(nonce, ciphertext, associated_data(tenant, placeholder))
+        plain = AESGCM(key).decrypt(nonce, ciphertext, associated_data(tenant, placeholder, purpose))
     except InvalidTag:
         return None
     return plain.decode("utf-8", "surrogatepass")
+
+
+SURROGATE_PURPOSE = b"cordon/surrogate/v1"
+
+
+def surrogate_id(pseudonym_key: bytes, surrogate: str) -> str:
+    """The registry's name for a surrogate: a keyed digest, so Redis keys name no surrogate."""
+    message = b"cordon/surrogate-id/v1\x00" + claim_form(surrogate).encode("utf-8", "surrogatepass")
+    return hmac.new(pseudonym_key, message, hashlib.sha256).hexdigest()[:32]
+
+
+def surrogate_entry(family: str, original: str) -> str:
+    """What a surrogate's entry holds (encrypted): the family and the normalised value."""
+    return family + "\x00" + normalise_value(original)
+
+
+@dataclass(frozen=True, slots=True)
+class SurrogateWanted:
+    """One distinct value of a request that needs a surrogate."""
+
+    family: str
+    original: str = field(repr=False)
+
+
+class SurrogateExhausted(Exception):
+    """No free candidate within MAX_ATTEMPTS (the family's space is nearly full). Names no value."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,3 +263,84 @@ class Vault:
             else:
                 found[placeholder] = value
         return VaultRead(found, invalid)
+
+    # --- surrogates -----------------------------------------------------------------------------
+
+    def surrogate_key(self, tenant: str, surrogate_id_hex: str) -> str:
+        if not valid_tenant(tenant):
+            raise ValueError("not a tenant name")
+        return f"{self._prefix}:{{{tenant}}}:surrogate:{surrogate_id_hex}"
+
+    async def claim_surrogates(
+        self,
+        tenant: str,
+        wanted: Iterable[SurrogateWanted],
+        ttl_seconds: int,
+        avoid: Callable[[str], bool] | None = None,
+    ) -> dict[SurrogateWanted, str]:
+        """One surrogate per wanted value, each claimed in the tenant's registry (or already its own).
+
+        Rounds of one pipeline each: every value still open tries its next candidate with SET NX EX
+        (the entry: its family and value, encrypted) and reads the entry back with GET. The entry
+        decrypts to this value: the surrogate is this value's (just claimed, or claimed by an
+        earlier request); anything else (another value, another secret, unreadable): the next
+        candidate. An entry that expired between the two commands reads as absent: tried again.
+        Then one pipeline extends the TTL of every entry used. Raises VaultError (Redis) or
+        SurrogateExhausted; the caller refuses the request then.
+
+        `avoid`: candidates this request must not use (text already in the request, a declared
+        identifier): skipped before they are tried, as if taken. The value then holds a later
+        candidate too; a request without the clash finds its earlier one again.
+        """
+        if ttl_seconds < 1:
+            raise ValueError("a surrogate entry needs a positive TTL")
+        keys = self.keys(tenant)
+        attempts: dict[SurrogateWanted, int] = dict.fromkeys(dict.fromkeys(wanted), 0)
+        chosen: dict[SurrogateWanted, str] = {}
+        used: set[str] = set()  # claim forms taken in this request (two values, one round)
+        names: dict[SurrogateWanted, str] = {}
+
+        async def rounds() -> None:
+            while attempts:
+                tries: list[tuple[SurrogateWanted, str, str, str]] = []
+                for item, attempt in list(attempts.items()):
+                    while True:
+                        if attempt >= MAX_ATTEMPTS:
+                            raise SurrogateExhausted(f"no free {item.family.split(':')[0]} surrogate")
+                        text = candidate(keys.pseudonym, item.family, item.original, attempt)
+                        if text and claim_form(text) not in used and not (avoid and avoid(text)):
+                            break
+                        attempt += 1
+                    attempts[item] = attempt
+                    ident = surrogate_id(keys.pseudonym, text)
+                    tries.append((item, text, ident, self.surrogate_key(tenant, ident)))
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    for item, _, ident, name in tries:
+                        entry = surrogate_entry(item.family, item.original)
+                        pipe.set(
+                            name,
+                            seal(keys.vault, tenant, ident, entry, SURROGATE_PURPOSE),
+                            nx=True,
+                            ex=ttl_seconds,
+                        )
+                        pipe.get(name)
+                    replies = await pipe.execute()
+                for n, (item, text, ident, name) in enumerate(tries):
+                    blob = replies[2 * n + 1]
+                    if blob is None:
+                        continue  # expired in between: the same candidate again
+                    held = unseal(keys.vault, tenant, ident, blob, SURROGATE_PURPOSE)
+                    if held == surrogate_entry(item.family, item.original) and claim_form(text) not in used:
+                        chosen[item] = text
+                        names[item] = name
+                        used.add(claim_form(text))
+                        del attempts[item]
+                    else:
+                        attempts[item] += 1
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for name in names.values():
+                    pipe.expire(name, ttl_seconds)
+                await pipe.execute()
+
+        await self._call(rounds())
+        return chosen

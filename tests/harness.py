@@ -39,6 +39,9 @@ KEYS = {
     "pseudonyms-b": "sk-test-tenant-pseudonyms-b",
     "gate-deny": "sk-test-tenant-gate-deny",
     "gate-off": "sk-test-tenant-gate-off",
+    "surrogate": "sk-test-tenant-surrogate",
+    "surrogate-b": "sk-test-tenant-surrogate-b",
+    "surrogate-deny": "sk-test-tenant-surrogate-deny",
 }
 # Test-only secrets (the stack reads them from the environment like a deployment would).
 ADMIN_TOKEN = "test-admin-token-0123456789abcdef"

@@ -126,5 +126,5 @@ def test_the_in_process_measurements_run() -> None:
     once = bench.pipeline_timer()
     pieces = once(bench.chat_body(8 * bench.KB, per_message=2 * bench.KB, person=True))
     assert len(pieces) == 4 and all(seconds >= 0 for seconds in pieces)
-    row = bench.sse_restore(bench.Plan.for_run(quick=True))  # checks the restored text itself
-    assert row.samples and row.target is not None
+    rows = bench.sse_restore(bench.Plan.for_run(quick=True))  # checks the restored text itself
+    assert len(rows) == 3 and all(row.samples and row.target is not None for row in rows)

@@ -164,9 +164,12 @@ def test_deny_raises_in_the_official_sdks(gated: RunningStack) -> None:
         claude.messages.create(
             model="claude-x", max_tokens=64, messages=[{"role": "user", "content": "key?"}]
         )
-    with pytest.raises(anthropic.APIStatusError), claude.messages.stream(
-        model="claude-x", max_tokens=64, messages=[{"role": "user", "content": "k"}]
-    ) as s:
+    with (
+        pytest.raises(anthropic.APIStatusError),
+        claude.messages.stream(
+            model="claude-x", max_tokens=64, messages=[{"role": "user", "content": "k"}]
+        ) as s,
+    ):
         for _ in s:
             pass
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -137,3 +139,30 @@ def test_no_split_hides_a_value(kind: str, before: str, cuts: list[int]) -> None
 @given(**SPLITS)
 def test_no_split_hides_a_value_many(kind: str, before: str, cuts: list[int]) -> None:
     assert_seen_however_cut(kind, before, cuts)
+
+
+@settings(max_examples=100, deadline=None)
+@given(size=st.integers(min_value=1, max_value=9), seed=st.integers(0, 2**16))
+def test_a_placeholder_being_streamed_is_never_a_finding(size: int, seed: int) -> None:
+    """Half a placeholder at the end of what has arrived (`SUBJECT1_NAME_3f9a1c`: a 20-character
+    token) waits for the rest instead of being read as HIGH_ENTROPY; whole ones are separators."""
+    from ext_proc.exchange import build_output_gate
+    from ext_proc.placeholders import PlaceholderMap
+    from ext_proc.restore import Restorer
+
+    pmap = PlaceholderMap()
+    labels = ["SUBJECT1_NAME", "SUBJECT2_ADDRESS", "CREDIT_CARD", "EMAIL", "HIGH_ENTROPY"]
+    rng = random.Random(seed)
+    words = []
+    for i in range(40):
+        words.append(rng.choice(["see", "the", "file", "for", "details"]))
+        if i % 4 == 0:
+            words.append(pmap.placeholder_for(rng.choice(labels), f"value {i}"))
+    text = " ".join(words)
+    g = build_output_gate(ALL, Restorer(pmap), deny=True)
+    window = g.window("content")
+    for at in range(0, len(text), size):
+        window.feed(text[at : at + size])
+        assert not g.check_windows()
+    g.finish_windows()
+    assert not g.tripped and g.counts() == {}

@@ -261,7 +261,7 @@ def test_policy_check_passes_consistent_pseudonyms_without_the_secret(
         ("mdoe: strip\n", "mdoe", "unknown key"),
         ("Mode: strip\n", "Mode", "unknown key"),
         ("1: strip\n", "1", "unknown key"),
-        ("mode: 1\n", "mode", "must be one of reversible, strip, off"),
+        ("mode: 1\n", "mode", "must be one of reversible, surrogate, strip, off"),
         ("mode: loud\n", "mode", "must be one of"),
         ("mode: true\n", "mode", "must be one of"),
         ("mode: [strip]\n", "mode", "must be one of"),
@@ -561,8 +561,13 @@ def test_several_less_strict_knobs_are_all_named_in_order() -> None:
 
 
 def test_mode_strictness_ranks_every_mode() -> None:
-    """off < reversible < strip, one rank per mode a policy may hold."""
-    assert sorted(MODE_STRICTNESS, key=MODE_STRICTNESS.__getitem__) == ["off", "reversible", "strip"]
+    """off < surrogate < reversible < strip, one rank per mode a policy may hold."""
+    assert sorted(MODE_STRICTNESS, key=MODE_STRICTNESS.__getitem__) == [
+        "off",
+        "surrogate",
+        "reversible",
+        "strip",
+    ]
 
 
 # --- reload: per-file fallback -------------------------------------------------------------------
@@ -816,7 +821,7 @@ CLI_CASES: list[tuple[dict[str, str | bytes], str, str, str]] = [
         with_default("acme.yaml", acme("mode: redact\n")),
         "acme.yaml",
         "mode",
-        "must be one of reversible, strip",
+        "must be one of reversible, surrogate, strip",
     ),
     (with_default("acme.yaml", acme("sets: [pii, phi]\n")), "acme.yaml", "sets", "unknown set 'phi'"),
     (with_default("acme.yaml", acme("sets: [pci, pci]\n")), "acme.yaml", "sets", "lists a set twice"),
