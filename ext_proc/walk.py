@@ -108,6 +108,10 @@ def parse_json(text: str) -> Any:
         raise NestingTooDeep() from None
     except json.JSONDecodeError as exc:
         raise NotJson(f"{exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except ValueError:
+        # int() refuses a literal past sys.get_int_max_str_digits() (4,300 digits): not a
+        # JSONDecodeError, and it must be a refusal here, not an error that ends the exchange.
+        raise AmbiguousJson("a number has too many digits to read") from None
 
 
 def looks_like_json(text: str) -> bool:

@@ -251,6 +251,17 @@ def test_not_json_is_refused(body: str) -> None:
         parse_json(body)
 
 
+def test_a_number_too_long_to_read_is_refused_not_an_error() -> None:
+    """Python's int() stops at 4,300 digits with a ValueError that is no JSONDecodeError: a 400,
+    in the body and in JSON inside a string, never an exception that ends the exchange (500)."""
+    number = "7" * 5000
+    with pytest.raises(NotJson) as refused:
+        parse_json('{"n": ' + number + "}")
+    assert refused.value.status == 400
+    with pytest.raises(NotJson):
+        walk({"metadata": {"args": '{"n": ' + number + "}"}})
+
+
 def test_a_lone_surrogate_in_a_rewritten_body_is_refused_as_not_json() -> None:
     from ext_proc.walk import dump_json
 
