@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run up down test test-slow bench lint format clean
+.PHONY: install run up down test test-slow reliability bench lint format clean
 
 install: $(STAMP)
 
@@ -33,6 +33,13 @@ test: $(STAMP)
 # The long property runs (many more hypothesis examples); not part of `make test`.
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow
+
+# Issue 8's reliability suite, long: the same tests `make test` runs with a 12 s load, here with a
+# 10-minute load (plus the workers' RSS slope check) and more random bodies. Change it with
+# RELIABILITY_SECONDS=… RELIABILITY_EXAMPLES=…; RELIABILITY_REPORT=file.json keeps the figures.
+reliability: $(STAMP)
+	RELIABILITY_SECONDS=$${RELIABILITY_SECONDS:-600} RELIABILITY_EXAMPLES=$${RELIABILITY_EXAMPLES:-300} \
+		$(BIN)/python -m pytest -m reliability tests/test_reliability.py
 
 # SPEC §13, filtered against a filter-less listener of the same Envoy (tests/bench.py); it starts
 # its own stack on free ports. Not part of `make test`. BENCH_ARGS="--quick" for a smoke run,

@@ -1329,6 +1329,13 @@ class FakeUpstream:
         with self._cond:
             self._received.clear()
 
+    def take(self) -> list[Received]:
+        """The recorded requests, forgotten in the same step (a long run checks them and drops
+        them, so none is lost between a read and a clear and none piles up)."""
+        with self._cond:
+            taken, self._received = self._received, []
+            return taken
+
     def wait_for(self, n: int, timeout: float = 5.0) -> list[Received]:
         """Wait until at least ``n`` requests are recorded and return them; TimeoutError otherwise."""
         with self._cond:
