@@ -82,7 +82,7 @@ from redis.asyncio import RedisCluster
 
 from ext_proc.errors import Stage
 from ext_proc.policy import MODES, Mode
-from ext_proc.redis_client import REDIS_ERRORS, RedisClient, connect
+from ext_proc.redis_client import REDIS_ERRORS, RedisClient, bounded, connect
 
 # "output": the record of what the output gate found in a reply (SPEC §15), after the exchange's
 # own record; its `exchange` field is that record's hash.
@@ -500,34 +500,25 @@ class ReceiptStore:
         if self._writer is not self._redis:
             await self._writer.aclose()
 
-    def stream_key(self, tenant: str) -> str:
+    def _key(self, tenant: str, part: str) -> str:
         if not valid_tenant(tenant):
             raise ValueError("not a tenant name")
-        return f"{self._prefix}:{{{tenant}}}:stream"
+        return f"{self._prefix}:{{{tenant}}}:{part}"
+
+    def stream_key(self, tenant: str) -> str:
+        return self._key(tenant, "stream")
 
     def head_key(self, tenant: str) -> str:
-        if not valid_tenant(tenant):
-            raise ValueError("not a tenant name")
-        return f"{self._prefix}:{{{tenant}}}:head"
+        return self._key(tenant, "head")
 
     def turn_key(self, tenant: str) -> str:
-        if not valid_tenant(tenant):
-            raise ValueError("not a tenant name")
-        return f"{self._prefix}:{{{tenant}}}:turn"
+        return self._key(tenant, "turn")
 
     def call_key(self, tenant: str) -> str:
-        if not valid_tenant(tenant):
-            raise ValueError("not a tenant name")
-        return f"{self._prefix}:{{{tenant}}}:call"
+        return self._key(tenant, "call")
 
     async def _call(self, awaitable: Awaitable[_T]) -> _T:
-        try:
-            async with asyncio.timeout(self._timeout):
-                return await awaitable
-        except TimeoutError as exc:
-            raise ReceiptError(f"Redis did not answer within {self._timeout}s") from exc
-        except REDIS_ERRORS as exc:
-            raise ReceiptError(f"Redis failed: {type(exc).__name__}") from exc
+        return await bounded(awaitable, self._timeout, ReceiptError)
 
     # ---- append -------------------------------------------------------------------------------
 

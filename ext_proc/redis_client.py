@@ -26,11 +26,12 @@ what is wrong with it: never the URL, so never a password.
 
 from __future__ import annotations
 
+import asyncio
 import re
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias, TypeVar
 from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
 from redis.asyncio import ConnectionPool, Redis, RedisCluster
@@ -46,6 +47,20 @@ Topology = Literal["server", "cluster", "sentinel"]
 # What a failed call through any of these clients can raise. A cluster client raises
 # RedisClusterException (not a RedisError) when no node answers or a slot is not covered.
 REDIS_ERRORS: tuple[type[Exception], ...] = (RedisError, RedisClusterException, OSError)
+_T = TypeVar("_T")
+
+
+async def bounded(awaitable: Awaitable[_T], timeout: float, error: Callable[[str], Exception]) -> _T:
+    """`awaitable` within `timeout` seconds; a timeout or a Redis error is raised as `error(reason)`,
+    the reason naming the error's type only (a Redis message can quote a key or a value)."""
+    try:
+        async with asyncio.timeout(timeout):
+            return await awaitable
+    except TimeoutError as exc:
+        raise error(f"Redis did not answer within {timeout}s") from exc
+    except REDIS_ERRORS as exc:
+        raise error(f"Redis failed: {type(exc).__name__}") from exc
+
 
 SCHEMES: dict[str, tuple[Topology, bool]] = {  # scheme → (topology, TLS)
     "redis": ("server", False),

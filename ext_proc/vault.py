@@ -40,7 +40,6 @@ Neither the secret, a key, a value nor a ciphertext is ever logged; errors name 
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
 import os
@@ -56,7 +55,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from ext_proc.placeholders import PSEUDONYM_HEX_CHARS, PSEUDONYM_LABELS, normalise_value
 from ext_proc.receipts import valid_tenant
-from ext_proc.redis_client import REDIS_ERRORS, RedisClient, connect
+from ext_proc.redis_client import RedisClient, bounded, connect
 from ext_proc.surrogates import MAX_ATTEMPTS, candidate, claim_form
 
 _T = TypeVar("_T")
@@ -208,13 +207,7 @@ class Vault:
         return f"{self._prefix}:{{{tenant}}}:vault:{placeholder[1:-1]}"
 
     async def _call(self, awaitable: Awaitable[_T]) -> _T:
-        try:
-            async with asyncio.timeout(self._timeout):
-                return await awaitable
-        except TimeoutError as exc:
-            raise VaultError(f"Redis did not answer within {self._timeout}s") from exc
-        except REDIS_ERRORS as exc:
-            raise VaultError(f"Redis failed: {type(exc).__name__}") from exc
+        return await bounded(awaitable, self._timeout, VaultError)
 
     async def put(self, tenant: str, entries: Mapping[str, str], ttl_seconds: int) -> None:
         """Store every placeholder → value of a request, or raise VaultError (then store nothing more).
