@@ -48,6 +48,10 @@ STRUCTURAL_KEYS = frozenset(
     }
 )  # fmt: skip
 
+# The window's left edge moves to the first whitespace within this many characters, so it does
+# not start inside a token (half a token can look like a value of its own).
+WORD_EDGE_CHARS = 128
+
 # Under `report`, a channel's new text is read once this much has collected (and at the end):
 # one scan per few KB instead of one per delta.
 PENDING_CHARS = 4096
@@ -212,8 +216,9 @@ class GateWindow:
         for finding in findings:
             if final or finding.end < len(text):  # settled: no later delta can make it longer
                 gate._record(finding.kind, text[finding.start : finding.end])
-        # The window looks back from the cut; the open tail is read with what comes next.
-        self._tail = "" if final else raw[-WINDOW:]
+        # The window looks back from the cut, over text already neutralised (no half placeholder
+        # at its left edge), from a word boundary (no half token); the open tail is read next time.
+        self._tail = "" if final else _look_behind(text)
         self._pending = [rest] if rest else []
         self._pending_chars = len(rest)
         if findings:
@@ -224,6 +229,15 @@ class GateWindow:
     def finish(self) -> bool:
         """The channel ended: read what is left; a value touching the end is now whole."""
         return self.check(final=True)
+
+
+def _look_behind(text: str) -> str:
+    """The last WINDOW characters of `text`, starting after a whitespace where one is near."""
+    tail = text[-WINDOW:]
+    if len(text) > WINDOW:
+        space = next((i for i, ch in enumerate(tail[:WORD_EDGE_CHARS]) if ch.isspace()), -1)
+        tail = tail[space + 1 :]
+    return tail
 
 
 def _strings(node: Any, depth: int = 0) -> Iterator[str]:

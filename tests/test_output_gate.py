@@ -145,7 +145,8 @@ def test_no_split_hides_a_value_many(kind: str, before: str, cuts: list[int]) ->
 @given(size=st.integers(min_value=1, max_value=9), seed=st.integers(0, 2**16))
 def test_a_placeholder_being_streamed_is_never_a_finding(size: int, seed: int) -> None:
     """Half a placeholder at the end of what has arrived (`SUBJECT1_NAME_3f9a1c`: a 20-character
-    token) waits for the rest instead of being read as HIGH_ENTROPY; whole ones are separators."""
+    token) waits for the rest instead of being read as HIGH_ENTROPY; whole ones are separators;
+    the window never starts inside one (`EDIT_CARD_3f9a1c2e_1>`)."""
     from ext_proc.exchange import build_output_gate
     from ext_proc.placeholders import PlaceholderMap
     from ext_proc.restore import Restorer
@@ -154,7 +155,7 @@ def test_a_placeholder_being_streamed_is_never_a_finding(size: int, seed: int) -
     labels = ["SUBJECT1_NAME", "SUBJECT2_ADDRESS", "CREDIT_CARD", "EMAIL", "HIGH_ENTROPY"]
     rng = random.Random(seed)
     words = []
-    for i in range(40):
+    for i in range(160):  # past WINDOW: the window slides over whole and half placeholders
         words.append(rng.choice(["see", "the", "file", "for", "details"]))
         if i % 4 == 0:
             words.append(pmap.placeholder_for(rng.choice(labels), f"value {i}"))
