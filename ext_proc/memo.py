@@ -23,9 +23,9 @@ _R = TypeVar("_R")
 
 # Short strings (a role, a model name) cost less to scan than to look up and would crowd the
 # long ones out. The memo is bounded by weight: one per entry plus one per item of a tuple result
-# (a finding), about 150 bytes each, so a worker holds at most a few MB of it.
+# (a finding), about 150 bytes each, so a worker holds at most about 2 MB of it.
 MIN_LENGTH = 48
-MAX_WEIGHT = 32768
+MAX_WEIGHT = 8192
 _KEY = secrets.token_bytes(32)
 
 

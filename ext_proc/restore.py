@@ -497,14 +497,6 @@ def restore_tree(node: Any, restorer: Restorer) -> tuple[Any, bool]:
     return node, False
 
 
-def _gate_body(body: bytes, gate: OutputGate) -> None:
-    """The output gate reads a whole reply body, as JSON where it parses, else as text."""
-    try:
-        gate.read_tree(json.loads(body))
-    except (ValueError, RecursionError):
-        gate.read(body.decode("utf-8", "replace"))
-
-
 def restore_json_body(body: bytes, dialect: str, restorer: Restorer, gate: OutputGate | None = None) -> bytes:
     """A non-streamed reply body with this exchange's placeholders restored (and, with `gate`,
     read by the output gate first, as the model wrote it).
@@ -516,14 +508,20 @@ def restore_json_body(body: bytes, dialect: str, restorer: Restorer, gate: Outpu
     `dialect` is taken so that a dialect with its own rule fits here without changing callers.
     """
     del dialect  # the same rule for every dialect, see above
-    if gate is not None:
-        _gate_body(body, gate)
-    if not restorer.has_any(body):
+    if gate is None and not restorer.has_any(body):
         return body
     try:
-        data = json.loads(body)
+        data = json.loads(body)  # parsed once, for the gate and for restore
+        if gate is not None:
+            gate.read_tree(data)
+        if not restorer.has_any(body):
+            return body
         new, changed = restore_tree(data, restorer)
     except (ValueError, RecursionError):
+        if gate is not None:
+            gate.read(body.decode("utf-8", "replace"))
+        if not restorer.has_any(body):
+            return body
         # Not JSON (or nested past what the parser takes): restore as text. Inside a JSON body a
         # placeholder sits in a string, so the JSON-escaped insertion keeps it valid.
         text = body.decode("utf-8", "surrogateescape")
