@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import http.client
 import json
+import time
+import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tests.harness import RunningStack
 
 # Invented values of each catalog kind (reserved domains, test card numbers, documentation keys).
 SAMPLES: dict[str, str] = {
@@ -86,3 +92,33 @@ def request(
 
 def chat_body(content: str, **extra: Any) -> dict[str, Any]:
     return {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": content}], **extra}
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Polls `predicate` until it holds; AssertionError after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not reached in time")
+
+
+def log_events(stack: RunningStack, event: str) -> list[dict[str, Any]]:
+    """The ext_proc log's JSON records of one `event`."""
+    text = (stack.settings.run_dir / "logs" / "ext_proc.log").read_text(errors="replace")
+    records = (json.loads(line) for line in text.splitlines() if line.startswith("{"))
+    return [record for record in records if record.get("event") == event]
+
+
+def metric(stack: RunningStack, series: str) -> float:
+    """One series' value from the stack's Prometheus endpoint (0 when absent)."""
+    url = f"http://127.0.0.1:{stack.settings.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        lines = reply.read().decode().splitlines()
+    return sum(float(line.split()[-1]) for line in lines if line.startswith(series + " "))
+
+
+def last_sent(stack: RunningStack) -> str:
+    """The body of the last request the stack's fake upstream received."""
+    return stack.upstream.received[-1].text()

@@ -5,13 +5,11 @@ the admin API closed and X-Tenant untrusted by default.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,7 +18,16 @@ import pytest
 import redis
 
 from ext_proc.subject_header import encode_subject_header
-from tests.e2e_support import PERSON, SAMPLES, SENTENCE, chat_body, request
+from tests.e2e_support import (
+    PERSON,
+    SAMPLES,
+    SENTENCE,
+    chat_body,
+    log_events,
+    metric,
+    request,
+    wait_for,
+)
 from tests.fake_upstream import FakeUpstream
 from tests.harness import ADMIN_TOKEN, KEYS, RunningStack, redis_server, running_stack
 from tests.receipt_support import record_for, records, stream_key, verify
@@ -30,37 +37,6 @@ pytestmark = pytest.mark.e2e
 CHAT = "/v1/chat/completions"
 SUBJECT = {"x-cordon-subject": encode_subject_header({"ref": "audit-1", "subjects": [PERSON]})}
 OPEN = {"authorization": f"Bearer {KEYS['open']}"}
-
-
-def wait_for(predicate, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not reached in time")
-
-
-def log_events(stack: RunningStack, event: str) -> list[dict[str, object]]:
-    text = (stack.settings.run_dir / "logs" / "ext_proc.log").read_text(errors="replace")
-    out = []
-    for line in text.splitlines():
-        if line.startswith("{"):
-            record = json.loads(line)
-            if record.get("event") == event:
-                out.append(record)
-    return out
-
-
-def metric(stack: RunningStack, series: str) -> float:
-    """One series' value from the stack's Prometheus endpoint (0 when absent)."""
-    url = f"http://127.0.0.1:{stack.settings.metrics_port}/metrics"
-    with urllib.request.urlopen(url, timeout=5) as reply:
-        text = reply.read().decode()
-    for line in text.splitlines():
-        if line.startswith(series + " "):
-            return float(line.split()[-1])
-    return 0.0
 
 
 @pytest.fixture(scope="module")

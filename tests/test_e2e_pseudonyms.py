@@ -16,9 +16,7 @@ import json
 import re
 import subprocess
 import sys
-import time
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +30,17 @@ from ext_proc.normalize import fold
 from ext_proc.placeholders import PSEUDONYM_HEX_CHARS
 from ext_proc.policy import hash_api_key
 from ext_proc.subject_header import encode_subject_header
-from tests.e2e_support import PERSON, SAMPLES, SENTENCE, chat_body, request
+from tests.e2e_support import (
+    PERSON,
+    SAMPLES,
+    SENTENCE,
+    chat_body,
+    last_sent,
+    log_events,
+    metric,
+    request,
+    wait_for,
+)
 from tests.fake_upstream import FakeUpstream
 from tests.harness import (
     KEYS,
@@ -66,31 +74,6 @@ TOOLS: dict[str, list[dict[str, Any]]] = {
 
 def placeholders_in(text: str, label: str = "EMAIL") -> list[str]:
     return re.findall(rf"<{label}_[0-9a-f]{{{PSEUDONYM_HEX_CHARS}}}>", text)
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not reached in time")
-
-
-def log_events(stack: RunningStack, event: str) -> list[dict[str, Any]]:
-    text = (stack.settings.run_dir / "logs" / "ext_proc.log").read_text(errors="replace")
-    return [
-        r
-        for r in (json.loads(line) for line in text.splitlines() if line.startswith("{"))
-        if r.get("event") == event
-    ]
-
-
-def metric(stack: RunningStack, series: str) -> float:
-    url = f"http://127.0.0.1:{stack.settings.metrics_port}/metrics"
-    with urllib.request.urlopen(url, timeout=5) as reply:
-        lines = reply.read().decode().splitlines()
-    return sum(float(line.split()[-1]) for line in lines if line.startswith(series + " "))
 
 
 # --- a client per dialect: what the caller sees ---------------------------------------------------
@@ -209,10 +192,6 @@ def fresh(vaulted: RunningStack) -> RunningStack:
     vaulted.upstream.clear()
     vaulted.upstream.set_behaviour()
     return vaulted
-
-
-def last_sent(stack: RunningStack) -> str:
-    return stack.upstream.received[-1].text()
 
 
 def turn_one(stack: RunningStack, dialect: str, email: str, *, stream: bool = False) -> tuple[str, Answer]:

@@ -27,7 +27,7 @@ from ext_proc.normalize import fold
 from ext_proc.subject_header import encode_subject_header
 from ext_proc.surrogates import FAMILY_NAMES, GIVEN_NAMES, SURROGATE_DOMAIN, date_shift_days
 from ext_proc.vault import derive_keys
-from tests.e2e_support import PERSON, SAMPLES, SENTENCE, chat_body, leaked, request
+from tests.e2e_support import PERSON, SAMPLES, SENTENCE, chat_body, last_sent, leaked, request
 from tests.fake_upstream import ECHO_PREFIX, FakeUpstream
 from tests.harness import (
     KEYS,
@@ -68,10 +68,6 @@ def fresh(stack: RunningStack) -> RunningStack:
     stack.upstream.clear()
     stack.upstream.set_behaviour()
     return stack
-
-
-def last_sent(stack: RunningStack) -> str:
-    return stack.upstream.received[-1].text()
 
 
 def alnum(text: str) -> str:
