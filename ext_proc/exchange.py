@@ -662,7 +662,7 @@ class Exchange:
     def on_response_headers(self, headers: Headers) -> pb.ProcessingResponse:
         content_type = (headers.get("content-type") or "").lower()
         encoding = (headers.get("content-encoding") or "identity").lower()
-        receipt = [(RECEIPT_HEADER, self.receipt_hash)] if self.receipt_hash else []
+        receipt = self.receipt_headers()
         needs_restore = (
             self.route is not None
             and self.policy is not None
@@ -710,12 +710,11 @@ class Exchange:
             if gate is not None and gate.deny and (gate.check_windows() or gate.tripped):
                 # Nothing of this chunk goes out: the client gets the dialect's error event, and
                 # what the upstream still sends is dropped.
-                self.output_denied = True
                 self.gate_done = True
-                self.runtime.metrics.inc("cordon_output_denied_total", dialect=self.route.dialect.name)
+                refusal = self.deny_output()
                 if body.end_of_stream:
                     self.finish_log()
-                return envoy.response_body(envoy.error_event(self.output_refusal(), self.route.dialect.name))
+                return envoy.response_body(envoy.error_event(refusal, self.route.dialect.name))
             if body.end_of_stream:
                 out += self.sse.finish()
                 if gate is not None:
@@ -731,11 +730,9 @@ class Exchange:
             if gate is not None and body.end_of_stream:
                 self.gate_done = True
             if gate is not None and gate.deny and gate.tripped:
-                self.output_denied = True
-                self.runtime.metrics.inc("cordon_output_denied_total", dialect=self.route.dialect.name)
+                refusal = self.deny_output()
                 self.finish_log()
-                receipt = [(RECEIPT_HEADER, self.receipt_hash)] if self.receipt_hash else []
-                return envoy.refuse(self.output_refusal(), self.provider, receipt)
+                return envoy.refuse(refusal, self.provider, self.receipt_headers())
             if body.end_of_stream:
                 self.finish_log()
             if restored == chunk:
@@ -755,8 +752,15 @@ class Exchange:
         deny = policy.output_gate == "deny" and not policy.report_only
         return build_output_gate(catalog, self.restorer, deny=deny)
 
-    def output_refusal(self) -> Refusal:
-        assert self.gate is not None
+    def receipt_headers(self) -> list[tuple[str, str]]:
+        """`X-Cordon-Receipt` for an answer of this exchange, once its record is written."""
+        return [(RECEIPT_HEADER, self.receipt_hash)] if self.receipt_hash else []
+
+    def deny_output(self) -> Refusal:
+        """The reply is refused (outputGate: deny): marked, counted, and the refusal naming kinds."""
+        assert self.gate is not None and self.route is not None
+        self.output_denied = True
+        self.runtime.metrics.inc("cordon_output_denied_total", dialect=self.route.dialect.name)
         kinds = ", ".join(sorted(self.gate.kinds)) or "a catalog kind"
         return Refusal(
             422,

@@ -113,10 +113,15 @@ class OutputGate:
         return found
 
     def _read_new(self, text: str) -> bool:
-        text = self._neutralise(text)
-        findings = self.detect(text)
+        return self._take(self._neutralise(text), whole=True)
+
+    def _take(self, text: str, *, whole: bool) -> bool:
+        """Reads neutralised `text`: records its findings (all when `whole`, else only the settled
+        ones, which end before the text does and so cannot grow), notes every kind; True if any."""
+        findings = self.detect(text) if text else []
         for finding in findings:
-            self._record(finding.kind, text[finding.start : finding.end])
+            if whole or finding.end < len(text):
+                self._record(finding.kind, text[finding.start : finding.end])
         if findings:
             self.tripped = True
             self.kinds.update(f.kind for f in findings)
@@ -212,19 +217,13 @@ class GateWindow:
         cut = len(joined) if final else gate._open_tail(joined)
         raw, rest = joined[:cut], joined[cut:]
         text = gate._neutralise(raw)
-        findings = gate.detect(text) if text else []
-        for finding in findings:
-            if final or finding.end < len(text):  # settled: no later delta can make it longer
-                gate._record(finding.kind, text[finding.start : finding.end])
+        found = gate._take(text, whole=final)
         # The window looks back from the cut, over text already neutralised (no half placeholder
         # at its left edge), from a word boundary (no half token); the open tail is read next time.
         self._tail = "" if final else _look_behind(text)
         self._pending = [rest] if rest else []
         self._pending_chars = len(rest)
-        if findings:
-            gate.tripped = True
-            gate.kinds.update(f.kind for f in findings)
-        return bool(findings)
+        return found
 
     def finish(self) -> bool:
         """The channel ended: read what is left; a value touching the end is now whole."""

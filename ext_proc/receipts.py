@@ -135,6 +135,14 @@ def valid_tenant(tenant: object) -> bool:
     )
 
 
+def tenant_key(prefix: str, tenant: str, part: str) -> str:
+    """A Redis key of `tenant`'s: in the tenant's hash slot (the braces), so every key of one tenant
+    lives on one Cluster node."""
+    if not valid_tenant(tenant):
+        raise ValueError("not a tenant name")
+    return f"{prefix}:{{{tenant}}}:{part}"
+
+
 def canonical_json(record: Mapping[str, object]) -> bytes:
     """Sorted keys, no whitespace, UTF-8, only present fields (a None value counts as absent)."""
     present = {key: value for key, value in record.items() if value is not None}
@@ -501,9 +509,7 @@ class ReceiptStore:
             await self._writer.aclose()
 
     def _key(self, tenant: str, part: str) -> str:
-        if not valid_tenant(tenant):
-            raise ValueError("not a tenant name")
-        return f"{self._prefix}:{{{tenant}}}:{part}"
+        return tenant_key(self._prefix, tenant, part)
 
     def stream_key(self, tenant: str) -> str:
         return self._key(tenant, "stream")

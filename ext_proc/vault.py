@@ -54,7 +54,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from ext_proc.placeholders import PSEUDONYM_HEX_CHARS, PSEUDONYM_LABELS, normalise_value
-from ext_proc.receipts import valid_tenant
+from ext_proc.receipts import tenant_key, valid_tenant
 from ext_proc.redis_client import RedisClient, bounded, connect
 from ext_proc.surrogates import MAX_ATTEMPTS, candidate, claim_form
 
@@ -200,11 +200,9 @@ class Vault:
         return self.keys(tenant).pseudonym
 
     def entry_key(self, tenant: str, placeholder: str) -> str:
-        if not valid_tenant(tenant):
-            raise ValueError("not a tenant name")
         if _CANONICAL.fullmatch(placeholder) is None:
             raise ValueError("not a consistent pseudonym")
-        return f"{self._prefix}:{{{tenant}}}:vault:{placeholder[1:-1]}"
+        return tenant_key(self._prefix, tenant, f"vault:{placeholder[1:-1]}")
 
     async def _call(self, awaitable: Awaitable[_T]) -> _T:
         return await bounded(awaitable, self._timeout, VaultError)
@@ -260,9 +258,7 @@ class Vault:
     # --- surrogates -----------------------------------------------------------------------------
 
     def surrogate_key(self, tenant: str, surrogate_id_hex: str) -> str:
-        if not valid_tenant(tenant):
-            raise ValueError("not a tenant name")
-        return f"{self._prefix}:{{{tenant}}}:surrogate:{surrogate_id_hex}"
+        return tenant_key(self._prefix, tenant, f"surrogate:{surrogate_id_hex}")
 
     async def claim_surrogates(
         self,
