@@ -34,11 +34,14 @@ KEYS = {
     "override": "sk-test-tenant-header-override",
     "chain": "sk-test-tenant-chain",
     "mask-media": "sk-test-tenant-mask-media",
+    "secrets-only": "sk-test-tenant-secrets-only",
+    "doc-ips": "sk-test-tenant-doc-ips",
     # Tenants only the stacks that ask for them get (`running_stack(tenants=...)`).
     "pseudonyms": "sk-test-tenant-pseudonyms",
     "pseudonyms-b": "sk-test-tenant-pseudonyms-b",
     "gate-deny": "sk-test-tenant-gate-deny",
     "gate-off": "sk-test-tenant-gate-off",
+    "gate-pii": "sk-test-tenant-gate-pii",
     "surrogate": "sk-test-tenant-surrogate",
     "surrogate-b": "sk-test-tenant-surrogate-b",
     "surrogate-deny": "sk-test-tenant-surrogate-deny",
@@ -73,6 +76,8 @@ def write_policies(directory: Path, extra: Mapping[str, str] | None = None) -> N
         "override": "allowHeaderOverride: true",
         "chain": "mode: reversible",
         "mask-media": "subjectMedia: mask",
+        "secrets-only": "sets: [secrets]",
+        "doc-ips": "skipDocumentationIps: true",
     }
     for name, knob in {**tenants, **(extra or {})}.items():
         digest = hash_api_key(KEYS[name])

@@ -5,6 +5,7 @@ that it was never called) and what the receipt recorded. The session stack trust
 
 from __future__ import annotations
 
+import importlib
 import json
 from typing import Any
 
@@ -15,6 +16,7 @@ from tests.e2e_support import PERSON, SAMPLES, SENTENCE, chat_body, leaked, requ
 from tests.fake_upstream import FakeUpstream
 from tests.harness import KEYS, RunningStack
 from tests.receipt_support import record_for
+from tests.test_policy import KNOB_ATTRS
 
 pytestmark = pytest.mark.e2e
 
@@ -63,6 +65,35 @@ def test_report_only_refuses_a_request_declaring_subjects(
     assert reply.status == 422 and reply.json()["error"]["stage"] == "policy"
     assert upstream.received == []
     assert record_for(stack, "report", reply.headers.get("x-cordon-receipt"))["decision"] == "refused"
+
+
+# --- sets and skipDocumentationIps ----------------------------------------------------------------
+
+
+def test_sets_limit_what_is_redacted_to_the_tenants_sets(stack: RunningStack, upstream: FakeUpstream) -> None:
+    reply = post(stack, chat_body(SENTENCE), auth("secrets-only"))
+    assert reply.status == 200
+    secrets = {"AWS_ACCESS_KEY", "GITHUB_TOKEN", "OPENAI_KEY"}
+    # Only the secrets set is read: the personal and card values go out as written.
+    assert set(leaked(upstream.received[0].body)) == set(SAMPLES) - secrets
+    record = record_for(stack, "secrets-only", reply.headers.get("x-cordon-receipt"))
+    assert set(record["counts"]) == secrets
+
+
+DOCUMENTATION_IPS = ["198.51.100.23", "2001:db8::1"]
+PUBLIC_IPS = ["93.184.216.34", "2606:4700::1111"]
+
+
+@pytest.mark.parametrize(("tenant", "kept"), [(None, []), ("doc-ips", DOCUMENTATION_IPS)])
+def test_skip_documentation_ips_keeps_only_those_ranges(
+    stack: RunningStack, upstream: FakeUpstream, tenant: str | None, kept: list[str]
+) -> None:
+    reply = post(stack, chat_body("hosts " + " and ".join(DOCUMENTATION_IPS + PUBLIC_IPS)), auth(tenant))
+    assert reply.status == 200
+    sent = upstream.received[0].text()
+    assert [ip for ip in DOCUMENTATION_IPS + PUBLIC_IPS if ip in sent] == kept
+    record = record_for(stack, tenant or "default", reply.headers.get("x-cordon-receipt"))
+    assert record["counts"] == {"IP": 4 - len(kept)}
 
 
 # --- X-Redact-Mode ----------------------------------------------------------------------------
@@ -162,3 +193,56 @@ def test_nesting_past_the_limit_is_refused_under_either_fail_mode(
         upstream.clear()
         reply = post(stack, chat_body(deep), auth(tenant))
         assert reply.status == 422 and upstream.received == []
+
+
+# --- every knob has its end-to-end test ------------------------------------------------------
+
+# Each policy knob (SPEC §10) → the end-to-end tests (module, function) that drive it through Envoy
+# and assert on the upstream. A knob added to the policy without one fails the test below.
+KNOB_TESTS: dict[str, list[tuple[str, str]]] = {
+    "apiKeys": [("test_e2e_http", "test_strip_mode_writes_kinds_and_restores_nothing")],
+    "mode": [
+        ("test_e2e_http", "test_strip_mode_writes_kinds_and_restores_nothing"),
+        ("test_e2e_http", "test_mode_off_forwards_unchanged"),
+        ("test_e2e_subjects", "test_subject_request_to_mode_off_is_refused"),
+        ("test_e2e_surrogates", "test_round_trip_is_exact_and_the_upstream_sees_only_surrogates"),
+    ],
+    "sets": [("test_e2e_knobs", "test_sets_limit_what_is_redacted_to_the_tenants_sets")],
+    "failMode": [
+        ("test_e2e_audit", "test_redis_killed_and_restarted_matrix"),
+        ("test_e2e_knobs", "test_nesting_past_the_limit_is_refused_under_either_fail_mode"),
+    ],
+    "redactSystem": [("test_e2e_http", "test_redact_system_false_keeps_the_system_prompt")],
+    "consistentPseudonyms": [("test_e2e_pseudonyms", "test_a_reply_naming_an_earlier_turn_gets_the_value")],
+    "vaultTtlSeconds": [("test_e2e_pseudonyms", "test_vault_holds_no_plaintext_and_expires")],
+    "requireSubject": [
+        ("test_e2e_subjects", "test_require_subject"),
+        ("test_e2e_knobs", "test_require_subject_with_a_subject_is_forwarded"),
+    ],
+    "subjectMedia": [
+        ("test_e2e_subjects", "test_media_is_blocked_by_default_and_allowed_by_policy"),
+        ("test_e2e_media", "test_the_stricter_of_tenant_and_header_wins"),
+    ],
+    "reportOnly": [
+        ("test_e2e_knobs", "test_report_only_forwards_the_original_and_records_the_counts"),
+        ("test_e2e_knobs", "test_report_only_records_a_refusal_it_did_not_make"),
+        ("test_e2e_knobs", "test_report_only_refuses_a_request_declaring_subjects"),
+    ],
+    "allowHeaderOverride": [("test_e2e_knobs", "test_x_redact_mode_only_tightens")],
+    "upstreams": [("test_e2e_http", "test_tenant_limited_to_openai_cannot_reach_anthropic")],
+    "skipDocumentationIps": [("test_e2e_knobs", "test_skip_documentation_ips_keeps_only_those_ranges")],
+    "outputGate": [
+        ("test_e2e_output_gate", "test_report_counts_distinct_values_and_leaves_the_reply_alone"),
+        ("test_e2e_output_gate", "test_deny_turns_a_json_reply_into_the_dialect_error"),
+        ("test_e2e_output_gate", "test_off_reads_nothing"),
+    ],
+    "outputSets": [("test_e2e_output_gate", "test_output_sets_choose_what_the_gate_reads")],
+}
+
+
+def test_every_policy_knob_has_an_end_to_end_test() -> None:
+    assert set(KNOB_TESTS) == {*KNOB_ATTRS, "apiKeys"}
+    for knob, tests in KNOB_TESTS.items():
+        for module, name in tests:
+            function = getattr(importlib.import_module(f"tests.{module}"), name, None)
+            assert callable(function), f"{knob}: tests.{module}.{name} does not exist"

@@ -24,7 +24,11 @@ from tests.receipt_support import records
 
 pytestmark = pytest.mark.e2e
 
-TENANTS = {"gate-deny": "outputGate: deny", "gate-off": "outputGate: off"}
+TENANTS = {
+    "gate-deny": "outputGate: deny",
+    "gate-off": "outputGate: off",
+    "gate-pii": "outputSets: [pii]",  # reads replies with the pii set only (the tenant redacts all three)
+}
 DIALECTS = ("chat", "responses", "messages")
 SECRET = {"OPENAI_KEY": SAMPLES["OPENAI_KEY"], "EMAIL": SAMPLES["EMAIL"]}
 REPLY = f"Sure. The key is {SECRET['OPENAI_KEY']} and the contact {SECRET['EMAIL']}; again {SECRET['EMAIL']}."
@@ -179,3 +183,10 @@ def test_off_reads_nothing(gated: RunningStack, stream: bool) -> None:
     status, headers, _ = call(gated, "chat", "gate-off", "What is the key?", stream=stream)
     assert status == 200
     assert output_record(gated, "gate-off", headers["x-cordon-receipt"]) is None
+
+
+def test_output_sets_choose_what_the_gate_reads(gated: RunningStack) -> None:
+    status, headers, _ = call(gated, "chat", "gate-pii", "What is the key?", stream=False)
+    assert status == 200
+    record = output_record(gated, "gate-pii", headers["x-cordon-receipt"])
+    assert record is not None and record["counts"] == {"EMAIL": 1}  # the key is not in the pii set
