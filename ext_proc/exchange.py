@@ -66,6 +66,9 @@ REMOVED_REQUEST_HEADERS = (*FILTER_HEADERS, "accept-encoding")
 TEXT_TYPES = ("application/json", "text/", "application/problem+json")
 # Headers a subject request's identifiers are not looked for in: credentials (random strings that
 # could spell a short id by chance), the header itself (removed) and framing.
+# Headers that select a tenant, a mode or subjects: a request must send each at most once.
+SINGLE_HEADERS = frozenset({"authorization", "x-api-key", SUBJECT_HEADER, TENANT_HEADER, MODE_HEADER})
+COMMA_FREE_HEADERS = SINGLE_HEADERS - {SUBJECT_HEADER}
 UNREAD_HEADERS = frozenset({"authorization", "x-api-key", SUBJECT_HEADER, "content-length", "content-type"})
 
 
@@ -97,17 +100,23 @@ class Runtime:
 
 @dataclass(slots=True)
 class Headers:
-    values: dict[str, str]
+    values: dict[str, str]  # a header sent more than once: its values joined with ","
     end_of_stream: bool
     route_name: str
+    repeated: frozenset[str] = frozenset()  # the names sent more than once
 
     @classmethod
     def from_message(cls, message: pb.HttpHeaders, request: pb.ProcessingRequest | None = None) -> Headers:
         values: dict[str, str] = {}
+        repeated: set[str] = set()
         for header in message.headers.headers:
             value = header.raw_value.decode("utf-8", "replace") if header.raw_value else header.value
             name = header.key.lower()
-            values[name] = f"{values[name]},{value}" if name in values else value
+            if name in values:
+                repeated.add(name)
+                values[name] = f"{values[name]},{value}"
+            else:
+                values[name] = value
         route = ""
         # Envoy 1.40 sends attributes on the ProcessingRequest itself, keyed by the filter's name.
         for source in (request.attributes if request is not None else {}, message.attributes):
@@ -115,10 +124,18 @@ class Headers:
             if attributes is not None and ROUTE_ATTRIBUTE in attributes.fields:
                 route = attributes.fields[ROUTE_ATTRIBUTE].string_value
                 break
-        return cls(values, message.end_of_stream, route)
+        return cls(values, message.end_of_stream, route, frozenset(repeated))
 
     def get(self, name: str) -> str | None:
         return self.values.get(name)
+
+
+def sent_twice(headers: Headers) -> list[str]:
+    """The SINGLE_HEADERS a request sent more than once. Envoy joins repeats of some headers
+    (`authorization` among them) into one value with ","; a key, a tenant name or a mode never
+    holds a comma, so one there is a repeat too."""
+    joined = {name for name in COMMA_FREE_HEADERS if "," in (headers.get(name) or "")}
+    return sorted((headers.repeated & SINGLE_HEADERS) | joined)
 
 
 def bearer_token(headers: Headers) -> str | None:
@@ -310,6 +327,11 @@ class Exchange:
         """The key's tenant; then `X-Tenant` (when trusted, towards a tenant at least as strict);
         then `X-Redact-Mode` (when the tenant allows it, only tighter)."""
         policies = self.runtime.policies
+        repeated = sent_twice(headers)
+        if repeated:
+            # Joined, two keys would select no tenant (so the default policy) while the provider
+            # may authenticate one of them; two subject or tenant headers are just as ambiguous.
+            raise Refusal(400, "request", f"send each of these headers once: {', '.join(repeated)}")
         selected = [policies.for_api_key(key) for key in api_keys(headers)]
         if len({policy.tenant for policy in selected}) > 1:
             # Which one the provider authenticates with is its business; which tenant's policy

@@ -71,19 +71,28 @@ def request(
     method: str,
     path: str,
     body: bytes | str | dict[str, Any] | None = None,
-    headers: dict[str, str] | None = None,
+    headers: dict[str, str] | list[tuple[str, str]] | None = None,
     *,
     timeout: float = 15.0,
 ) -> Reply:
-    """Raw HTTP/1.1 with the path sent exactly as given (no client-side normalisation)."""
+    """Raw HTTP/1.1 with the path sent exactly as given (no client-side normalisation). `headers`
+    as a list of pairs may name a header more than once."""
     if isinstance(body, dict):
         body = json.dumps(body)
     if isinstance(body, str):
         body = body.encode("utf-8")
-    all_headers = {"content-type": "application/json", **(headers or {})}
+    pairs = list(headers.items()) if isinstance(headers, dict) else list(headers or [])
+    names = {name.lower() for name, _ in pairs}
+    if "content-type" not in names:
+        pairs.insert(0, ("content-type", "application/json"))
+    if not names & {"content-length", "transfer-encoding"} and (body is not None or method == "POST"):
+        pairs.append(("content-length", str(len(body or b""))))
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
-        connection.request(method, path, body=body, headers=all_headers)
+        connection.putrequest(method, path, skip_accept_encoding="accept-encoding" in names)
+        for name, value in pairs:
+            connection.putheader(name, value)
+        connection.endheaders(body)
         response = connection.getresponse()
         return Reply(response.status, {k.lower(): v for k, v in response.getheaders()}, response.read())
     finally:

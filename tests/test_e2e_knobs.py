@@ -173,6 +173,29 @@ def test_x_tenant_selects_only_a_tenant_at_least_as_strict(
     assert record["decision"] == "forwarded"
 
 
+@pytest.mark.parametrize(
+    "twice",
+    [
+        [("authorization", f"Bearer {KEYS['strip']}"), ("authorization", "Bearer sk-junk")],
+        [("x-api-key", KEYS["require"]), ("x-api-key", "sk-junk")],
+        [("x-tenant", "strip"), ("x-tenant", "mode-off")],
+        [("x-redact-mode", "strip"), ("x-redact-mode", "strip")],
+        [("x-cordon-subject", SUBJECT["x-cordon-subject"])] * 2,
+    ],
+    ids=["authorization", "x-api-key", "x-tenant", "x-redact-mode", "x-cordon-subject"],
+)
+def test_a_header_that_selects_policy_sent_twice_is_refused(
+    stack: RunningStack, upstream: FakeUpstream, twice: list[tuple[str, str]]
+) -> None:
+    """Joined, two keys would hash to no tenant and so select the default policy, while the
+    provider authenticates the first: one of each, or 400 and no upstream call."""
+    reply = request(stack.settings.listen_port, "POST", CHAT, chat_body(SENTENCE), twice)
+    assert reply.status == 400 and upstream.received == []
+    error = reply.json()["error"]
+    assert error["stage"] == "request" and twice[0][0] in error["message"]
+    assert record_for(stack, "default", reply.headers.get("x-cordon-receipt"))["decision"] == "refused"
+
+
 def test_require_subject_with_a_subject_is_forwarded(stack: RunningStack, upstream: FakeUpstream) -> None:
     reply = post(
         stack,
