@@ -32,8 +32,9 @@ in one slot, so the append script and the verify snapshot work on Redis Cluster)
     <prefix>:{<tenant>}:head     a string: the hash of the chain's last record
     <prefix>:{<tenant>}:turn     a short-lived string (50 ms): the writer whose turn it is to
                                  append after losing a race (liveness only, see below)
-    <prefix>:{<tenant>}:call     a short-lived string (10 min): the token of the last call that
-                                 appended, so a call sent twice appends once
+    <prefix>:{<tenant>}:call:<token>  one short-lived key per appending call (until the call's
+                                 fence has passed, plus a second), so a call sent twice
+                                 appends once, whoever appended in between
 
 Append is a compare-and-set, because Redis has no SHA-256 in Lua: the hash is computed here against
 the head we believe in, and one Lua script checks that the head key still equals that `prev`, then
@@ -342,29 +343,32 @@ class _Checkpoint:
     hash: str
 
 
-# KEYS[1] stream, KEYS[2] head, KEYS[3] turn, KEYS[4] the last appending call; ARGV[1] the prev we
-# hashed against, ARGV[2] genesis, ARGV[3] this writer's id, ARGV[4] how long a turn lasts (ms),
-# ARGV[5] the fence: the last moment (Redis's clock, ms) at which the caller still waits, ARGV[6]
-# this call's random token, then ARGV[7..] pairs (C, hash) of one or more records already chained to
-# each other locally, the first one to ARGV[1].
+# KEYS[1] stream, KEYS[2] head, KEYS[3] turn, KEYS[4] this call's key (a random token in its name);
+# ARGV[1] the prev we hashed against, ARGV[2] genesis, ARGV[3] this writer's id, ARGV[4] how long
+# a turn lasts (ms), ARGV[5] the fence: the last moment (Redis's clock, ms) at which the caller
+# still waits, then ARGV[6..] pairs (C, hash) of one or more records already chained to each other
+# locally, the first one to ARGV[1].
 # Answers {1, id, id, ...} when all were appended; {2, head} on a lost race that earned this writer
 # the next turn; {0, head} on a lost race (or while another writer's turn lasts); {-1, ""} when the
 # head key is gone while the stream still has records (appending from genesis would fork the chain);
 # {3, ""} when the script runs after the fence: a caller that gave up must not get its record in;
-# {4, head} when this call's token is the last appending call's: the same call ran before (its
-# answer was lost with the connection and the client sent it again), nothing is appended twice.
-# (A token, not the head hash: two exchanges with equal fields in one millisecond, chained onto
-# the same prev, hash alike; only the second one's re-chaining keeps both.)
+# {4, head} when this call's key exists: the same call appended before (its answer was lost with
+# the connection and the client sent it again), nothing is appended twice, even if other writers
+# appended in between. The key lives until the call's fence has passed (plus a second): a re-send
+# after that finds the fence passed (status 3) and its caller has given up anyway. (A token, not
+# the head hash: two exchanges with equal fields in one millisecond, chained onto the same prev,
+# hash alike; only the second one's re-chaining keeps both.)
 #
 # The turn is only about liveness: a writer that keeps its own head cached would otherwise win
 # every race against writers that first have to learn the new head. The first loser takes the turn;
 # while it lasts only its holder may append; its append ends it. The CAS alone keeps the chain whole.
 _APPEND_LUA = """
-if redis.call('GET', KEYS[4]) == ARGV[6] then
+if redis.call('EXISTS', KEYS[4]) == 1 then
   return {4, redis.call('GET', KEYS[2]) or ''}
 end
 local now = redis.call('TIME')
-if tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) > tonumber(ARGV[5]) then
+local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+if now_ms > tonumber(ARGV[5]) then
   return {3, ''}
 end
 local head = redis.call('GET', KEYS[2])
@@ -378,12 +382,12 @@ local turn = redis.call('GET', KEYS[3])
 if head == ARGV[1] and (not turn or turn == ARGV[3]) then
   local out = {1}
   local last = head
-  for i = 7, #ARGV, 2 do
+  for i = 6, #ARGV, 2 do
     out[#out + 1] = redis.call('XADD', KEYS[1], '*', 'r', ARGV[i], 'h', ARGV[i + 1])
     last = ARGV[i + 1]
   end
   redis.call('SET', KEYS[2], last)
-  redis.call('SET', KEYS[4], ARGV[6], 'PX', 600000)
+  redis.call('SET', KEYS[4], '1', 'PX', tonumber(ARGV[5]) - now_ms + 1000)
   if turn then
     redis.call('DEL', KEYS[3])
   end
@@ -520,8 +524,8 @@ class ReceiptStore:
     def turn_key(self, tenant: str) -> str:
         return self._key(tenant, "turn")
 
-    def call_key(self, tenant: str) -> str:
-        return self._key(tenant, "call")
+    def call_key(self, tenant: str, token: str) -> str:
+        return self._key(tenant, f"call:{token}")
 
     async def _call(self, awaitable: Awaitable[_T]) -> _T:
         return await bounded(awaitable, self._timeout, ReceiptError)
@@ -631,14 +635,15 @@ class ReceiptStore:
         return int(time.time() * 1000 + clock[0] + remaining_ms - FENCE_MARGIN_MS)
 
     async def _append_locked(self, tenant: str, batch: list[ReceiptFields], deadline: float) -> list[Receipt]:
-        keys = [self.stream_key(tenant), self.head_key(tenant), self.turn_key(tenant), self.call_key(tenant)]
+        fixed_keys = [self.stream_key(tenant), self.head_key(tenant), self.turn_key(tenant)]
         records = [receipt_fields.record() for receipt_fields in batch]
         prev = self._heads.get(tenant, GENESIS)
         for _ in range(self._max_attempts):
             chained: list[tuple[str, str]] = []  # (prev, hash) of each record
             fence = await self._fence(tenant, deadline)
-            token = secrets.token_hex(8)  # this attempt's; a re-send of it carries the same
-            args: list[object] = [prev, GENESIS, self._writer_id, self._turn_ms, fence, token]
+            # This attempt's own key: a re-send of it (redis-py's retry) names the same one.
+            keys = [*fixed_keys, self.call_key(tenant, secrets.token_hex(8))]
+            args: list[object] = [prev, GENESIS, self._writer_id, self._turn_ms, fence]
             link = prev
             for record in records:
                 canonical = canonical_json({**record, "prev": link})

@@ -17,7 +17,7 @@ import signal
 import statistics
 import subprocess
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import FrozenInstanceError, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -732,10 +732,11 @@ class _ReplyDropper:
     """A TCP proxy to Redis that can close the client's connection when the next array reply
     (the append script's answer) arrives: the script ran, the client never hears of it."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, meanwhile: Callable[[], Awaitable[object]] | None = None) -> None:
         self.port = port
         self.armed = False
         self.server: asyncio.Server | None = None
+        self.meanwhile = meanwhile  # run after the script ran, before the client notices the loss
 
     async def start(self) -> str:
         self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
@@ -749,6 +750,8 @@ class _ReplyDropper:
                 while data := await src.read(65536):
                     if replies and self.armed and data.startswith(b"*"):
                         self.armed = False
+                        if self.meanwhile is not None:
+                            await self.meanwhile()
                         client_w.close()
                         return
                     dst.write(data)
@@ -789,6 +792,35 @@ def test_a_lost_reply_is_sent_again_and_appends_once(redis_url: str) -> None:
     assert run(verify(redis_url, "dropped")).ok
 
 
+def test_a_lost_reply_sent_again_after_another_writer_appended_appends_once(redis_url: str) -> None:
+    """Another worker appends between the lost answer and the re-send: the re-send still finds its
+    own call's key and appends nothing, so the exchange is in the chain once."""
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+
+    async def scenario() -> None:
+        other = ReceiptStore.from_url(redis_url, timeout=1.0)
+        proxy = _ReplyDropper(port, meanwhile=lambda: other.append(fields("interleaved", 99)))
+        url = await proxy.start()
+        store = ReceiptStore.from_url(url, timeout=1.0)
+        try:
+            await store.append(fields("interleaved", 0))
+            proxy.armed = True
+            mine = await store.append(fields("interleaved", 1))
+            assert not proxy.armed
+            stored = await entries(redis_url, "interleaved")
+            counts = [json.loads(entry[b"r"])["counts"]["EMAIL"] for _, entry in stored]
+            assert sorted(counts) == [0, 1, 99]  # every exchange once
+            assert mine.hash in [entry[b"h"].decode() for _, entry in stored]
+        finally:
+            await store.aclose()
+            await other.aclose()
+            assert proxy.server is not None
+            proxy.server.close()
+
+    run(scenario())
+    assert run(verify(redis_url, "interleaved")).ok
+
+
 def test_a_second_run_of_the_same_call_appends_nothing(redis_url: str) -> None:
     """The script itself: the same call twice appends once; the second answer says so."""
 
@@ -798,12 +830,12 @@ def test_a_second_run_of_the_same_call_appends_nothing(redis_url: str) -> None:
         try:
             first = await store.append(fields("twice", 0))
             keys = [store.stream_key("twice"), store.head_key("twice")]
-            keys += [store.turn_key("twice"), store.call_key("twice")]
+            keys += [store.turn_key("twice"), store.call_key("twice", "token-1")]
             record = {**fields("twice", 1).record(), "prev": first.hash}
             canonical = canonical_json(record)
             digest = chain_hash(first.hash, record)
             fence = (await client.time())[0] * 1000 + 60_000
-            args = [first.hash, GENESIS, "w", 50, fence, "token-1", canonical, digest]
+            args = [first.hash, GENESIS, "w", 50, fence, canonical, digest]
             script = client.register_script(_APPEND_LUA)
             assert (await script(keys=keys, args=args))[0] == 1
             again = await script(keys=keys, args=args)
@@ -811,7 +843,7 @@ def test_a_second_run_of_the_same_call_appends_nothing(redis_url: str) -> None:
             assert len(await entries(redis_url, "twice")) == 2
             # Another call with the very same record (equal fields, same prev) is no re-send: it
             # loses the race and is chained after, so two exchanges keep two records.
-            other = await script(keys=keys, args=[*args[:5], "token-2", *args[6:]])
+            other = await script(keys=[*keys[:3], store.call_key("twice", "token-2")], args=args)
             assert other[0] in (0, 2) and other[1].decode() == digest
         finally:
             await store.aclose()
