@@ -717,9 +717,10 @@ class ReceiptStore:
         return VerifyResult(tenant, True, hashed, last_id, prev)
 
     async def tenants(self) -> list[str]:
-        """Every tenant with a chain (a key under this prefix): a SCAN of the server, or of every
-        primary of a cluster."""
-        found: set[str] = set()
+        """Every tenant with a chain (a key under this prefix: a SCAN of the server, or of every
+        primary of a cluster), and every tenant this store has verified a record of: a chain
+        deleted whole since then is still asked about, and its verification fails."""
+        found: set[str] = set(self._checkpoints)
         pattern = f"{self._prefix}:{{*}}:*"
 
         async def scan() -> None:
@@ -740,10 +741,11 @@ class ReceiptStore:
         """The verified records whose `refDigest` is `digest`; ChainBroken if the chain is not whole.
 
         The chain is verified first (incrementally), then read from its first record up to the
-        one verification reached. That pass also checks every link (each record's `prev` is the
-        stored hash of the record before it: a comparison, no hashing), so a record deleted or
-        rewritten before this worker's checkpoint is caught too; each match's own hash is
-        recomputed.
+        one verification reached. That pass reads every record anyway, so it rechecks each one as
+        it goes: its `prev` is the hash of the record before it, and its stored hash is the
+        SHA-256 of that `prev` and its bytes (about a microsecond: no JSON is parsed but the
+        matches'). A record deleted, moved or rewritten before this worker's checkpoint (a
+        refDigest taken out of it, to hide it from this query) is caught too.
         """
         if not isinstance(digest, str) or not _HEX64.fullmatch(digest):
             raise ValueError("a refDigest is 64 lowercase hex characters")
@@ -765,17 +767,17 @@ class ReceiptStore:
                 stored_prev = raw[at + len(_PREV_FIELD) : at + len(_PREV_FIELD) + 64] if at >= 0 else b""
                 if stored_prev != link:
                     raise ChainBroken(VerifyResult(tenant, False, 0, None, GENESIS, _text(raw_id), "prev"))
-                link = entry.get(b"h", b"")
+                stored_hash = entry.get(b"h", b"")
+                if hashlib.sha256(link + raw).hexdigest().encode("ascii") != stored_hash:
+                    raise ChainBroken(VerifyResult(tenant, False, 0, None, GENESIS, _text(raw_id), "hash"))
+                link = stored_hash
                 if needle not in raw:
                     continue
-                entry_id = _text(raw_id)
                 try:
-                    receipt = Receipt.from_stored(raw, _text(entry.get(b"h", b"")))
+                    receipt = Receipt.from_stored(raw, stored_hash.decode("ascii"))
                 except (ValueError, TypeError, UnicodeDecodeError):
-                    receipt = None
-                if receipt is None or _digest(receipt.prev, raw) != receipt.hash:
-                    bad = VerifyResult(tenant, False, 0, None, GENESIS, entry_id, "hash")
-                    raise ChainBroken(bad)
+                    bad = VerifyResult(tenant, False, 0, None, GENESIS, _text(raw_id), "unparsable")
+                    raise ChainBroken(bad) from None
                 if receipt.ref_digest == digest:
                     matches.append(receipt)
             if len(batch) < VERIFY_BATCH:

@@ -901,3 +901,58 @@ def test_a_record_deleted_before_the_checkpoint_breaks_the_query(redis_url: str)
             await store.aclose()
 
     run(scenario())
+
+
+def test_a_record_rewritten_before_the_checkpoint_breaks_the_query(redis_url: str) -> None:
+    """Taking the refDigest out of an old record (its stored hash left alone) after a query has
+    set the checkpoint must not hide it from the next query: ChainBroken naming that record."""
+    digest = receipts.ref_digest(SECRET, "case-78")
+
+    async def scenario() -> None:
+        store = ReceiptStore.from_url(redis_url, timeout=5.0)
+        client = Redis.from_url(redis_url)
+        try:
+            for i in range(6):
+                await store.append(fields("hidden", i, ref_digest=digest))
+            assert len(await store.find_by_ref_digest("hidden", digest)) == 6
+            stored = await entries(redis_url, "hidden")
+            victim_id = stored[1][0]
+            record = json.loads(stored[1][1][b"r"])
+            del record["refDigest"]
+            # A stream entry cannot be edited in place: rebuild the stream with the same ids.
+            await client.delete("cordon:{hidden}:stream")
+            for entry_id, entry in stored:
+                raw = canonical_json(record) if entry_id == victim_id else entry[b"r"]
+                await client.xadd("cordon:{hidden}:stream", {"r": raw, "h": entry[b"h"]}, id=entry_id)
+            with pytest.raises(ChainBroken) as broken:
+                await store.find_by_ref_digest("hidden", digest)
+            assert broken.value.result.bad_id == victim_id.decode()
+            assert broken.value.result.reason == "hash"
+        finally:
+            await store.aclose()
+            await client.aclose()
+
+    run(scenario())
+
+
+def test_a_chain_deleted_whole_after_a_query_is_still_verified(redis_url: str) -> None:
+    """Stream and head of a chain this store has verified are deleted: the tenant is still listed,
+    so the admin query without `tenant=` fails its verification instead of leaving it out."""
+
+    async def scenario() -> None:
+        store = ReceiptStore.from_url(redis_url, timeout=5.0)
+        client = Redis.from_url(redis_url)
+        try:
+            for tenant in ("gone", "kept"):
+                await store.append(fields(tenant))
+            for tenant in ("gone", "kept"):
+                assert (await store.verify(tenant)).ok
+            await client.delete("cordon:{gone}:stream", "cordon:{gone}:head")
+            assert {"gone", "kept"} <= set(await store.tenants())
+            result = await store.verify("gone")
+            assert not result.ok and result.reason == "checkpoint"
+        finally:
+            await store.aclose()
+            await client.aclose()
+
+    run(scenario())
