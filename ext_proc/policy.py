@@ -210,6 +210,10 @@ class _StrictLoader(yaml.SafeLoader):
 def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -> dict[object, object]:
     seen: set[object] = set()
     for key_node, _ in node.value:
+        if not isinstance(key_node, yaml.ScalarNode):
+            raise PolicyError(
+                loader.name, "(file)", f"a key is not a plain name (line {key_node.start_mark.line + 1})"
+            )
         key = loader.construct_object(key_node)
         if key in seen:
             raise PolicyError(
@@ -237,10 +241,20 @@ def load_policy_file(path: str | Path) -> Policy:
             data = loader.get_single_data()
         finally:
             loader.dispose()
+    except PolicyError:
+        raise
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise PolicyError(source, "(file)", f"is not valid YAML{where}") from None
+    except RecursionError:
+        raise PolicyError(source, "(file)", "is nested too deeply") from None
+    except (TypeError, ValueError, OverflowError) as exc:
+        # A value YAML cannot build (a timestamp like 2026-13-45): the type names the problem, the
+        # message could quote the file.
+        raise PolicyError(
+            source, "(file)", f"holds a value YAML cannot read ({type(exc).__name__})"
+        ) from None
     return parse_policy(source, data)
 
 

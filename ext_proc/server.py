@@ -154,7 +154,12 @@ async def watch_policies(
         if current == signature and not forced:
             continue
         signature = current
-        policies, errors = reload_policy_dir(settings.policy_dir, runtime.policies, check=check)
+        try:
+            policies, errors = reload_policy_dir(settings.policy_dir, runtime.policies, check=check)
+        except Exception as exc:  # a bug here must not end reloading for good: keep the set, say so
+            runtime.metrics.inc("cordon_policy_reload_errors_total")
+            log.error(json.dumps({"event": "policy_reload_failed", "error": type(exc).__name__}))
+            continue
         log_policy_errors(runtime, errors)
         if policies != runtime.policies:
             runtime.policies = policies

@@ -624,6 +624,21 @@ def test_reload_keeps_an_invalid_file_previous_policy_and_applies_another_valid_
     assert policies.for_api_key(BETA_KEY).mode == "off"
 
 
+@pytest.mark.parametrize(
+    "broken", ["? [a, b]\n: 1\n", "sets: " + "[" * 3000 + "]" * 3000 + "\n", "mode: 2026-13-45\n"]
+)
+def test_reload_keeps_a_file_yaml_cannot_build_into_a_policy(
+    loaded: tuple[Path, PolicySet], broken: str
+) -> None:
+    """A key that is a list, nesting past the recursion limit, an impossible date: each a policy
+    error like any other (the reload used to end with a TypeError and never run again)."""
+    root, previous = loaded
+    write_dir(root, {"acme.yaml": acme(broken)})
+    policies, errors = reload_policy_dir(root, previous)
+    assert [(error.source, error.key) for error in errors] == [(str(root / "acme.yaml"), "(file)")]
+    assert policies.tenants["acme"] is previous.tenants["acme"]
+
+
 def test_reload_keeps_the_previous_default_when_default_yaml_breaks(loaded: tuple[Path, PolicySet]) -> None:
     root, previous = loaded
     write_dir(root, {"default.yaml": "tenant: default\nmode: loud\n"})
@@ -847,6 +862,21 @@ CLI_CASES: list[tuple[dict[str, str | bytes], str, str, str]] = [
         "YAML at line 3",
     ),
     (with_default("acme.yaml", "- tenant: acme\n"), "acme.yaml", "(file)", "must be a YAML mapping"),
+    (with_default("acme.yaml", acme("? [a, b]\n: 1\n")), "acme.yaml", "(file)", "not a plain name (line 3)"),
+    (with_default("acme.yaml", acme("? {a: 1}\n: 1\n")), "acme.yaml", "(file)", "not a plain name (line 3)"),
+    (with_default("acme.yaml", acme("sets: [{? [x]: 1}]\n")), "acme.yaml", "(file)", "not a plain name"),
+    (
+        with_default("acme.yaml", acme("sets: " + "[" * 3000 + "]" * 3000 + "\n")),
+        "acme.yaml",
+        "(file)",
+        "nested",
+    ),
+    (
+        with_default("acme.yaml", acme("mode: 2026-13-45\n")),
+        "acme.yaml",
+        "(file)",
+        "cannot read (ValueError)",
+    ),
     ({"acme.yaml": acme()}, "default.yaml", "(file)", "is missing"),
     (
         {"default.yaml": f'tenant: default\napiKeys: ["sha256:{ACME_DIGEST}"]\n'},
