@@ -1044,7 +1044,7 @@ class Exchange:
             receipt = await store.append(self.receipt_fields())
         except ReceiptError as exc:
             self.runtime.metrics.inc("cordon_redis_errors_total")
-            return self.audit_failed(response, str(exc))
+            return self.audit_failed(response, exc)
         finally:
             self.timings["receipt_ms"] = round((time.perf_counter() - start) * 1000, 3)
         self.runtime.metrics.inc("cordon_receipts_total")
@@ -1053,18 +1053,35 @@ class Exchange:
             envoy.add_answer_header(response, RECEIPT_HEADER, receipt.hash)
         return response
 
-    def audit_failed(self, response: pb.ProcessingResponse, reason: str) -> pb.ProcessingResponse:
+    def audit_failed(self, response: pb.ProcessingResponse, error: ReceiptError) -> pb.ProcessingResponse:
         assert self.policy is not None
+        reason = str(error)
         if response.HasField("immediate_response"):
             self.record_gap("audit", reason)  # the refusal stands; only its record is missing
             return response
         if self.subjects is not None or self.policy.fail_mode == "closed":
             log.error(json.dumps({"event": "audit_failed", "tenant": self.policy.tenant, "reason": reason}))
-            return self.refuse(
+            refused = self.refuse(
                 Refusal(503, "audit", "the audit record could not be written; the request was not forwarded")
             )
+            if error.uncertain and self.runtime.receipts is not None:
+                self.settle(self.runtime.receipts, error.uncertain[0])
+            return refused
         self.record_gap("audit", reason)
         return response
+
+    def settle(self, store: ReceiptStore, uncertain: tuple[str, str]) -> None:
+        """The append got no answer but may have reached the chain, as `forwarded`: once Redis
+        answers, a record found there is followed by this refusal's (`exchange` = its hash)."""
+        correction = replace(self.receipt_fields(), exchange=uncertain[1])
+        metrics, tenant = self.runtime.metrics, correction.tenant
+
+        def done(outcome: str) -> None:
+            metrics.inc("cordon_receipt_settlements_total", outcome=outcome)
+            level = logging.WARNING if outcome == "unknown" else logging.INFO
+            log.log(level, json.dumps({"event": "audit_settled", "tenant": tenant, "outcome": outcome}))
+
+        store.settle_later(correction, uncertain, done)
 
     def close(self) -> None:
         """The stream ended (the client left, or Envoy stopped calling): log what is known."""

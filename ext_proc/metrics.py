@@ -37,6 +37,10 @@ HELP = {
     ),
     "cordon_receipts_total": ("counter", "Receipts appended to the chains."),
     "cordon_redis_errors_total": ("counter", "Receipt appends that failed (Redis down, slow or refusing)."),
+    "cordon_receipt_settlements_total": (
+        "counter",
+        "Refused exchanges whose unanswered append was looked for afterwards, by outcome.",
+    ),
     "cordon_vault_writes_total": ("counter", "Pseudonyms written to (or kept alive in) the vault."),
     "cordon_vault_errors_total": (
         "counter",

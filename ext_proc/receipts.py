@@ -73,7 +73,7 @@ import re
 import secrets
 import sys
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from types import MappingProxyType
@@ -111,7 +111,16 @@ _T = TypeVar("_T")
 
 
 class ReceiptError(Exception):
-    """The receipt could not be written or read: Redis down, slow, or the chain head unusable."""
+    """The receipt could not be written or read: Redis down, slow, or the chain head unusable.
+
+    `uncertain`: (prev, hash) of each record whose append script was sent but whose answer never
+    came (a timeout or a lost connection before the fence): it may be in the chain. A caller that
+    refuses its exchange anyway hands it to `ReceiptStore.settle_later`.
+    """
+
+    def __init__(self, message: str, uncertain: Sequence[tuple[str, str]] = ()) -> None:
+        super().__init__(message)
+        self.uncertain = tuple(uncertain)
 
 
 def utc_now() -> str:
@@ -419,6 +428,10 @@ return {last, redis.call('GET', KEYS[2])}
 _TIME_LUA = "return redis.call('TIME')"
 
 MAX_BATCH = 64
+BATCH_GRACE_SECONDS = 0.05  # how long a queued caller past its deadline waits for its batch's end
+SETTLE_INTERVAL_SECONDS = 1.0  # settle_later: between two looks at the chain
+SETTLE_ATTEMPTS = 60  # ... for about a minute
+SETTLE_SCAN = 10_000  # ... reading back at most this many records from the tail
 _PREV_FIELD = b'"prev":"'
 FENCE_MARGIN_MS = 20  # the script gives up this long before its caller does
 CLOCK_CHECK_SECONDS = 60.0  # how often Redis's clock is compared with ours
@@ -428,9 +441,12 @@ _Pending = tuple[ReceiptFields, "asyncio.Future[Receipt]", float]  # fields, res
 
 
 def _fail(items: list[_Pending], error: ReceiptError) -> None:
-    for item in items:
+    """Every caller of a batch gets the error, with the uncertain link of its own record."""
+    own = len(error.uncertain) == len(items)
+    for i, item in enumerate(items):
         if not item[1].done():
-            item[1].set_exception(error)
+            mine = ReceiptError(str(error), error.uncertain[i : i + 1]) if own else error
+            item[1].set_exception(mine)
 
 
 def _consume(future: asyncio.Future[Receipt]) -> None:
@@ -492,6 +508,8 @@ class ReceiptStore:
         self._drains: dict[str, asyncio.Task[None]] = {}
         self._writing: set[str] = set()  # tenants whose chain a caller or a drain is writing
         self._checkpoints: dict[str, _Checkpoint] = {}
+        self._in_flight: dict[str, list[tuple[str, str]]] = {}  # links of a script sent, unanswered
+        self._settling: set[asyncio.Task[str]] = set()
         self.races_lost = 0  # compare-and-set conflicts seen, for a metric
 
     @classmethod
@@ -506,7 +524,7 @@ class ReceiptStore:
         return cls(client, writer=writer, timeout=timeout, **kwargs)  # type: ignore[arg-type]
 
     async def aclose(self) -> None:
-        for task in list(self._drains.values()):
+        for task in [*self._drains.values(), *self._settling]:
             task.cancel()
         await self._redis.aclose()
         if self._writer is not self._redis:
@@ -565,6 +583,13 @@ class ReceiptStore:
         except TimeoutError as exc:
             if item in queue:
                 queue.remove(item)
+                raise self._timed_out() from exc
+        # Taken into a batch, which is fenced at its earliest deadline, so it is ending now: its
+        # answer says whether this record may have been appended.
+        try:
+            async with asyncio.timeout(BATCH_GRACE_SECONDS):
+                return await asyncio.shield(item[1])
+        except TimeoutError as exc:
             raise self._timed_out() from exc
 
     def _timed_out(self) -> ReceiptError:
@@ -577,10 +602,12 @@ class ReceiptStore:
                 return await self._append_locked(tenant, batch, deadline)
         except TimeoutError as exc:
             self._clocks.clear()  # the next append measures again (Sentinel may have failed over)
-            raise self._timed_out() from exc
+            uncertain = self._in_flight.pop(tenant, [])
+            raise ReceiptError(str(self._timed_out()), uncertain) from exc
         except REDIS_ERRORS as exc:
             self._clocks.clear()
-            raise ReceiptError(f"Redis failed: {type(exc).__name__}") from exc
+            uncertain = self._in_flight.pop(tenant, [])
+            raise ReceiptError(f"Redis failed: {type(exc).__name__}", uncertain) from exc
 
     def _start_drain(self, tenant: str) -> None:
         self._writing.add(tenant)
@@ -651,7 +678,9 @@ class ReceiptStore:
                 chained.append((link, digest))
                 args += [canonical, digest]
                 link = digest
+            self._in_flight[tenant] = chained
             answer = await self._append_script(keys=keys, args=args)
+            del self._in_flight[tenant]
             status = answer[0]
             if status in (1, 4):  # appended now, or by this same call's earlier run
                 self._heads[tenant] = link
@@ -669,6 +698,60 @@ class ReceiptStore:
             if status == 0:  # another writer's turn: give it about a round trip
                 await asyncio.sleep(random.uniform(0.0001, 0.0006))
         raise ReceiptError(f"receipt append lost {self._max_attempts} races for the chain head in a row")
+
+    # ---- settling an uncertain append ------------------------------------------------------------
+
+    def settle_later(
+        self,
+        correction: ReceiptFields,
+        uncertain: tuple[str, str],
+        done: Callable[[str], None] | None = None,
+    ) -> None:
+        """An exchange refused because its append got no answer: if that record reached the chain
+        after all, it says `forwarded` for a request that was not. In the background (about a
+        minute, while Redis does not answer), find out; if it is there, append `correction` (the
+        refusal, with `exchange` = that record's hash) after it. `uncertain` is (prev, hash).
+        `done` gets the outcome: `corrected`, `absent` (the record never reached the chain) or
+        `unknown` (no answer in time, or not found among the last SETTLE_SCAN records)."""
+        task = asyncio.get_running_loop().create_task(self._settle(correction, uncertain))
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+        if done is not None:
+            task.add_done_callback(lambda t: None if t.cancelled() else done(t.result()))
+
+    async def _settle(self, correction: ReceiptFields, uncertain: tuple[str, str]) -> str:
+        for _ in range(SETTLE_ATTEMPTS):
+            await asyncio.sleep(SETTLE_INTERVAL_SECONDS)
+            try:
+                found = await self._appended(correction.tenant, *uncertain)
+                if found is None:
+                    return "unknown"
+                if not found:
+                    return "absent"
+                await self.append(correction)
+            except ReceiptError:
+                continue
+            return "corrected"
+        return "unknown"
+
+    async def _appended(self, tenant: str, prev: str, digest: str) -> bool | None:
+        """Whether the record `digest` chained to `prev` is in the chain, read back from the tail:
+        True at it, False at `prev` (it would come right after `prev`) or the chain's start, None
+        past SETTLE_SCAN records."""
+        stream, end, read = self.stream_key(tenant), "+", 0
+        wanted, before = digest.encode("ascii"), prev.encode("ascii")
+        while read < SETTLE_SCAN:
+            batch = await self._call(self._redis.xrevrange(stream, end, "-", count=VERIFY_BATCH))
+            for _, entry in batch:
+                read += 1
+                if entry.get(b"h") == wanted:
+                    return True
+                if entry.get(b"h") == before:
+                    return False
+            if len(batch) < VERIFY_BATCH:
+                return False
+            end = f"({_text(batch[-1][0])}"
+        return None
 
     # ---- verify -------------------------------------------------------------------------------
 

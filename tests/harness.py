@@ -7,10 +7,12 @@ read what it received directly.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -220,3 +222,81 @@ def running_stack(
             stack.stop()
             os.environ.clear()
             os.environ.update(saved)
+
+
+class LateRedisReplies:
+    """A TCP proxy in front of a Redis, on its own thread, that can hold back the answers of
+    receipt appends (a RESP array whose first element is the integer 1: "appended") for `delay`
+    seconds: the script ran in time, its answer arrives after the caller gave up.
+
+    Use as a context manager; `url` is the proxy's REDIS_URL.
+    """
+
+    APPENDED = b"*"  # an array reply ...
+    APPENDED_STATUS = b":1\r\n"  # ... whose first element is 1
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.delay = 0.0
+        self.held = 0  # answers held back so far
+        self.url = ""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> LateRedisReplies:
+        ready = threading.Event()
+
+        def serve() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            server = loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
+            self.url = f"redis://127.0.0.1:{server.sockets[0].getsockname()[1]}/0"
+            ready.set()
+            loop.run_forever()
+            server.close()
+            loop.run_until_complete(server.wait_closed())
+            loop.close()
+
+        self._thread = threading.Thread(target=serve, name="late-redis", daemon=True)
+        self._thread.start()
+        ready.wait(5)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        loop = self._loop
+        if loop is not None:
+
+            async def shutdown() -> None:
+                tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                loop.stop()
+
+            asyncio.run_coroutine_threadsafe(shutdown(), loop)
+        if self._thread is not None:
+            self._thread.join(5)
+
+    async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        try:
+            redis_r, redis_w = await asyncio.open_connection("127.0.0.1", self.port)
+        except OSError:
+            client_w.close()
+            return
+
+        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, replies: bool) -> None:
+            try:
+                while data := await src.read(65536):
+                    if replies and self.delay and data.startswith(self.APPENDED):
+                        header_end = data.find(b"\r\n") + 2
+                        if data[header_end : header_end + 4] == self.APPENDED_STATUS:
+                            self.held += 1
+                            await asyncio.sleep(self.delay)
+                    dst.write(data)
+                    await dst.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                dst.close()
+
+        await asyncio.gather(pump(client_r, redis_w, False), pump(redis_r, client_w, True))

@@ -29,7 +29,7 @@ from tests.e2e_support import (
     wait_for,
 )
 from tests.fake_upstream import FakeUpstream
-from tests.harness import ADMIN_TOKEN, KEYS, RunningStack, redis_server, running_stack
+from tests.harness import ADMIN_TOKEN, KEYS, LateRedisReplies, RunningStack, redis_server, running_stack
 from tests.receipt_support import record_for, records, stream_key, verify
 
 pytestmark = pytest.mark.e2e
@@ -243,3 +243,30 @@ def test_policy_reload_on_change_and_sighup(tmp_path: Path) -> None:
         time.sleep(1.5)
         errors = log_events(stack, "policy_reload_error")
         assert not any(".#strip.yaml" in str(e["file"]) for e in errors)
+
+
+def test_an_append_answered_too_late_is_corrected_in_the_chain(tmp_path: Path) -> None:
+    """The append script runs in time but its answer reaches the worker after REDIS_TIMEOUT_MS:
+    the request is refused (503 audit, upstream never called), yet its `forwarded` record is in
+    the chain. Once Redis answers in time again, the worker finds that record and appends the
+    refusal after it (`exchange` = its hash), so the chain says what happened."""
+    with (
+        redis_server(tmp_path / "redis") as server,
+        LateRedisReplies(server.port) as late,
+        running_stack(tmp_path, redis=server, workers=1, REDIS_URL=late.url, REDIS_TIMEOUT_MS="250") as stack,
+    ):
+        assert request(stack.settings.listen_port, "POST", CHAT, chat_body("warm up")).status == 200
+        stack.upstream.clear()
+        late.delay = 0.6
+        reply = request(stack.settings.listen_port, "POST", CHAT, chat_body(SENTENCE))
+        late.delay = 0.0
+        assert reply.status == 503 and reply.json()["error"]["stage"] == "audit"
+        assert stack.upstream.received == [] and late.held == 1
+        wait_for(lambda: len(records(stack, "default")) == 3, timeout=15)
+        _, forwarded, forwarded_hash = records(stack, "default")[1]
+        _, correction, _ = records(stack, "default")[2]
+        assert forwarded["decision"] == "forwarded" and forwarded["counts"]["EMAIL"] == 1
+        assert correction["decision"] == "refused" and correction["stage"] == "audit"
+        assert correction["exchange"] == forwarded_hash and correction["counts"] == forwarded["counts"]
+        assert [event["outcome"] for event in log_events(stack, "audit_settled")] == ["corrected"]
+        assert verify(stack, "default").ok

@@ -40,7 +40,7 @@ from ext_proc.receipts import (
     verify_cli,
 )
 from ext_proc.stack import redis_binary, wait_port
-from tests.harness import RedisProcess, free_port, redis_server
+from tests.harness import LateRedisReplies, RedisProcess, free_port, redis_server
 
 T = TypeVar("T")
 
@@ -956,3 +956,61 @@ def test_a_chain_deleted_whole_after_a_query_is_still_verified(redis_url: str) -
             await client.aclose()
 
     run(scenario())
+
+
+def test_an_unanswered_append_names_its_record_and_is_settled(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An answer held back past the timeout: the ReceiptError names the record's link; the record
+    is in the chain, so settling appends the correction after it; a link that never reached the
+    chain settles as absent and appends nothing."""
+    monkeypatch.setattr(receipts, "SETTLE_INTERVAL_SECONDS", 0.01)
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+
+    async def scenario(late: LateRedisReplies) -> None:
+        store = ReceiptStore.from_url(late.url, timeout=0.25)
+        outcomes: list[str] = []
+        try:
+            first = await store.append(fields("late"))
+            late.delay = 0.4
+            with pytest.raises(ReceiptError) as failed:
+                await store.append(fields("late", 1))
+            late.delay = 0.0
+            assert len(failed.value.uncertain) == 1
+            prev, digest = failed.value.uncertain[0]
+            assert prev == first.hash
+            await asyncio.sleep(0.3)  # the held answer arrives: the record is in the chain
+            assert [entry[b"h"].decode() for _, entry in await entries(redis_url, "late")] == [
+                first.hash,
+                digest,
+            ]
+            correction = fields("late", 1, exchange=digest)
+            store.settle_later(correction, (prev, digest), outcomes.append)
+            store.settle_later(fields("late", 2), (first.hash, "f" * 64), outcomes.append)
+            for _ in range(300):
+                if len(outcomes) == 2:
+                    break
+                await asyncio.sleep(0.01)
+            assert sorted(outcomes) == ["absent", "corrected"]
+            stored = [json.loads(entry[b"r"]) for _, entry in await entries(redis_url, "late")]
+            assert len(stored) == 3 and stored[2]["exchange"] == digest
+        finally:
+            await store.aclose()
+
+    with LateRedisReplies(port) as late:
+        run(scenario(late))
+    assert run(verify(redis_url, "late")).ok
+
+
+def test_each_caller_of_a_failed_batch_gets_its_own_uncertain_link() -> None:
+    async def scenario() -> list[BaseException | None]:
+        loop = asyncio.get_running_loop()
+        items = [(fields("t", n), loop.create_future(), 0.0) for n in range(3)]
+        links = [(GENESIS, str(n) * 64) for n in range(3)]
+        receipts._fail(items, ReceiptError("Redis failed", links))  # type: ignore[arg-type]
+        return [item[1].exception() for item in items]
+
+    errors = run(scenario())
+    assert [error.uncertain for error in errors if isinstance(error, ReceiptError)] == [
+        ((GENESIS, str(n) * 64),) for n in range(3)
+    ]
