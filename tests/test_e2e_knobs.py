@@ -142,6 +142,8 @@ TENANT_CASES = [
     (None, "override", 403, "default", ["allowHeaderOverride"]),
     (None, "allow-media", 403, "default", ["subjectMedia"]),
     (None, "openai-only", 403, "default", ["upstreams"]),
+    (None, "secrets-only", 403, "default", ["sets"]),  # a subset of the default's sets
+    (None, "doc-ips", 403, "default", ["skipDocumentationIps"]),
     ("strip", "default", 403, "strip", ["mode"]),
     ("open", "default", 200, "default", []),
     (None, "no-such-tenant", 403, "default", []),

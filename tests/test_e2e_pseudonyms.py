@@ -278,6 +278,18 @@ def test_look_alikes_and_other_tenants_placeholders_stay(fresh: RunningStack) ->
     assert plain.json()["choices"][0]["message"]["content"] == reply
 
 
+def test_x_tenant_cannot_switch_to_consistent_pseudonyms_or_a_longer_ttl(fresh: RunningStack) -> None:
+    """Stable placeholders let the model link more, a longer TTL keeps values longer: both are
+    looser, so X-Tenant may not select them (403 naming the knob, no upstream call)."""
+    cases = [(None, "pseudonyms", "consistentPseudonyms"), ("pseudonyms", "pseudonyms-b", "vaultTtlSeconds")]
+    for key, wanted, knob in cases:
+        fresh.upstream.clear()
+        headers = {"x-tenant": wanted, **({"authorization": f"Bearer {KEYS[key]}"} if key else {})}
+        reply = request(fresh.settings.listen_port, "POST", CHAT, chat_body(SENTENCE), headers)
+        assert reply.status == 403 and knob in reply.json()["error"]["message"]
+        assert fresh.upstream.received == []
+
+
 def test_declared_subjects_keep_their_placeholder_whatever_their_order(fresh: RunningStack) -> None:
     """SUBJECT_NAME, not SUBJECT1_NAME: the same person listed second gets the same placeholder;
     the egress check passes over pseudonyms; the reply is restored."""
