@@ -646,7 +646,9 @@ class Exchange:
         media policy, masking, the walk and the receipt's count."""
         if self._media_parts is None:
             assert self.route is not None
-            found = {(id(part.container), part.key): part for part in self.route.dialect.media(doc)}
+            found: dict[tuple[int, str], MediaPart] = {}
+            for part in self.route.dialect.media(doc):
+                found.setdefault((id(part.container), part.key), part)  # the first, most specific
             self._media_parts = list(found.values())
             self.media = len(self._media_parts)
         return self._media_parts

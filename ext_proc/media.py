@@ -94,8 +94,14 @@ def _dicts(value: object) -> Iterator[dict[str, Any]]:
 
 def _chat_part(part: dict[str, Any]) -> Iterator[MediaPart]:
     kind = part.get("type")
-    if kind == "image_url":
-        yield from _url_part("image", part.get("image_url"), "url")
+    if kind == "image_url" or (kind is None and "image_url" in part):
+        # `{"url": …}` as documented; a bare string and a part without `type` are accepted by
+        # OpenAI-compatible servers (vLLM), so they are images too.
+        image = part.get("image_url")
+        if isinstance(image, str):
+            yield from _url_part("image", part, "image_url")
+        else:
+            yield from _url_part("image", image, "url")
     elif kind == "input_audio":
         audio = part.get("input_audio")
         if isinstance(audio, dict) and _str_at(audio, "data"):
@@ -184,9 +190,20 @@ def _anthropic_block(block: dict[str, Any], depth: int) -> Iterator[MediaPart]:
             # A document made of blocks: its text blocks are text, its images are media.
             for inner in _dicts(source.get("content")):
                 yield from _anthropic_block(inner, depth + 1)
-        # source type "text": plain text, read like any other string.
+        elif source_type != "text" and _str_at(source, "data"):
+            # A source type this code does not know yet, carrying data: bytes of an image or a
+            # document all the same (a `text` source is plain text, read like any other string).
+            yield MediaPart(kind, "base64", source, "data")
+    elif kind == "container_upload":
+        yield from _id_part("file", block, "file_id")
     elif kind in ("tool_result", "mcp_tool_result") and depth < 4:
         for inner in _dicts(block.get("content")):
+            yield from _anthropic_block(inner, depth + 1)
+    elif kind == "web_fetch_tool_result" and depth < 4:
+        # The fetched page, as the server tool returned it: a `document` block.
+        result = block.get("content")
+        inner = result.get("content") if isinstance(result, dict) else None
+        if isinstance(inner, dict):
             yield from _anthropic_block(inner, depth + 1)
 
 
@@ -218,6 +235,7 @@ _PART_TYPES = frozenset(
         "computer_screenshot",
         "image",
         "document",
+        "container_upload",
     }
 )
 
@@ -243,13 +261,15 @@ def _any_media(value: object, depth: int) -> Iterator[MediaPart]:
         return
     if isinstance(value, dict):
         kind = value.get("type")
-        if kind in _PART_TYPES:
-            yield from _chat_part(value)
-            yield from _responses_part(value)
-            yield from _anthropic_block(value, 0)
+        claimed: set[str] = set()  # keys of `value` a part function already yielded
+        if kind in _PART_TYPES or (kind is None and "image_url" in value):
+            for part in (*_chat_part(value), *_responses_part(value), *_anthropic_block(value, 0)):
+                if part.container is value:
+                    claimed.add(part.key)
+                yield part
         for key, item in value.items():
             if isinstance(item, str):
-                if _is_data_url(item) and kind not in _PART_TYPES:
+                if key not in claimed and _is_data_url(item):
                     yield MediaPart("file", "data_url", value, key)
             else:
                 yield from _any_media(item, depth + 1)

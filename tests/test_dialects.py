@@ -139,6 +139,7 @@ def block(kind: str, source: dict[str, Any]) -> dict[str, Any]:
 TEXT = {"type": "text", "text": "look at this"}
 INPUT_TEXT = {"type": "input_text", "text": "look at this"}
 ANTHROPIC_IMAGE = block("image", {"type": "base64", "media_type": "image/png", "data": B64})
+PDF_SOURCE = {"type": "base64", "media_type": "application/pdf", "data": B64}
 MSG0 = ("messages", 0, "content")
 IN0 = ("input", 0, "content")
 
@@ -153,6 +154,16 @@ MEDIA_CASES: dict[str, tuple[str, dict[str, Any], list[Expect]]] = {
         "chat",
         chat({"type": "image_url", "image_url": {"url": URL}}),
         [Expect("image", "url", (*MSG0, 0, "image_url"), "url", URL)],
+    ),
+    "chat-image-url-as-a-string": (
+        "chat",
+        chat({"type": "image_url", "image_url": DATA_URL}),
+        [Expect("image", "data_url", (*MSG0, 0), "image_url", DATA_URL)],
+    ),
+    "chat-image-url-part-without-type": (
+        "chat",
+        chat({"image_url": {"url": DATA_URL}}),
+        [Expect("image", "data_url", (*MSG0, 0, "image_url"), "url", DATA_URL)],
     ),
     "chat-input-audio": (
         "chat",
@@ -307,6 +318,33 @@ MEDIA_CASES: dict[str, tuple[str, dict[str, Any], list[Expect]]] = {
         "messages",
         messages(block("document", {"type": "content", "content": [TEXT, ANTHROPIC_IMAGE]})),
         [Expect("image", "base64", (*MSG0, 0, "source", "content", 1, "source"), "data", B64)],
+    ),
+    "anthropic-image-of-an-unknown-source-type-with-data": (
+        "messages",
+        messages(block("image", {"type": "mystery", "data": B64})),
+        [Expect("image", "base64", (*MSG0, 0, "source"), "data", B64)],
+    ),
+    "anthropic-container-upload": (
+        "messages",
+        messages({"type": "container_upload", "file_id": FILE_ID}),
+        [Expect("file", "file_id", (*MSG0, 0), "file_id", FILE_ID)],
+    ),
+    "anthropic-web-fetch-result-document": (
+        "messages",
+        messages(
+            {
+                "type": "web_fetch_tool_result",
+                "tool_use_id": "srvtoolu_1",
+                "content": {
+                    "type": "web_fetch_result",
+                    "url": URL,
+                    "content": block(
+                        "document", {"type": "base64", "media_type": "application/pdf", "data": B64}
+                    ),
+                },
+            }
+        ),
+        [Expect("document", "base64", (*MSG0, 0, "content", "content", "source"), "data", B64)],
     ),
     "anthropic-document-text-is-not-media": (
         "messages",
@@ -488,6 +526,8 @@ UNKNOWN_SCHEMA_CASES: dict[str, dict[str, Any]] = {
         "input": [chat({"type": "image_url", "image_url": {"url": DATA_URL}})],
     },
     "chat-shaped": chat({"type": "image_url", "image_url": {"url": DATA_URL}}),
+    "chat-shaped-url-as-a-string": chat({"type": "image_url", "image_url": DATA_URL}),
+    "chat-shaped-without-type": chat({"image_url": {"url": DATA_URL}}),
     "bare-data-url": {"payload": {"attachment": DATA_URL}},
 }
 
@@ -535,7 +575,6 @@ def test_media_discovery_tolerates_odd_shapes(dialect: str, doc: Any) -> None:
     ("dialect", "doc"),
     [
         ("chat", chat({"type": "image_url", "image_url": {"url": 42}})),
-        ("chat", chat({"type": "image_url", "image_url": URL})),
         ("chat", chat({"type": "input_audio", "input_audio": {"format": "wav"}})),
         ("chat", chat({"type": "file", "file": {"filename": "a.pdf"}})),
         ("chat", {"messages": [{"role": "assistant", "audio": {"id": None}}]}),
@@ -544,7 +583,7 @@ def test_media_discovery_tolerates_odd_shapes(dialect: str, doc: Any) -> None:
         ("responses", responses({"type": "computer_call_output", "output": [DATA_URL]})),
         ("messages", messages({"type": "image", "source": DATA_URL})),
         ("messages", messages(block("image", {"type": "base64", "data": 7}))),
-        ("messages", messages(block("image", {"type": "mystery", "data": B64}))),
+        ("messages", messages(block("image", {"type": "mystery", "data": 7}))),
     ],
 )
 def test_malformed_media_parts_yield_nothing(dialect: str, doc: dict[str, Any]) -> None:

@@ -240,14 +240,21 @@ def test_require_subject(stack: RunningStack, upstream: FakeUpstream) -> None:
     assert reply.status == 200
 
 
-IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+PNG_URL = "data:image/png;base64,iVBORw0KGgo="
+IMAGES = {
+    "documented": {"type": "image_url", "image_url": {"url": PNG_URL}},
+    # Shapes OpenAI-compatible servers accept too: the URL as a string, a part without `type`.
+    "url-as-a-string": {"type": "image_url", "image_url": PNG_URL},
+    "without-type": {"image_url": {"url": PNG_URL}},
+}
 
 
+@pytest.mark.parametrize("image", IMAGES.values(), ids=list(IMAGES))
 def test_media_is_blocked_by_default_and_allowed_by_policy(
-    stack: RunningStack, upstream: FakeUpstream
+    stack: RunningStack, upstream: FakeUpstream, image: dict[str, Any]
 ) -> None:
     body = chat_body("hi")
-    body["messages"][0]["content"] = [{"type": "text", "text": "look"}, IMAGE]
+    body["messages"][0]["content"] = [{"type": "text", "text": "look"}, image]
     reply = request(port(stack), "POST", "/v1/chat/completions", body, subject_headers())
     assert reply.status == 422 and reply.json()["error"]["stage"] == "media"
     assert upstream.received == []
