@@ -94,8 +94,6 @@ Per kind
 
 from __future__ import annotations
 
-import base64
-import binascii
 import bisect
 import functools
 import ipaddress
@@ -111,6 +109,7 @@ import regex
 
 from ext_proc.errors import DetectionError
 from ext_proc.findings import CATALOG_KINDS, SETS, Finding
+from ext_proc.media import MEDIA_MIN_LENGTH, is_media_base64
 from ext_proc.memo import MEMO
 
 # Per regex call, for each TIMEOUT_CHARS characters it reads. Read at call time so tests (and
@@ -674,31 +673,6 @@ def _is_high_entropy(token: str) -> bool:
     if len(token) >= MEDIA_MIN_LENGTH and is_media_base64(token):
         return False  # an image or document as base64 (a tool's input): media bytes, not a key
     return shannon_entropy(token) >= base64_entropy_threshold(len(token))
-
-
-# Magic numbers of the media a tool may pass around as base64: PNG, JPEG, GIF, WebP/WAV (RIFF),
-# PDF, MP3 (ID3), Ogg, FLAC, MP4 (ftyp at byte 4). A credential does not decode to one of these.
-MEDIA_MIN_LENGTH = 64
-_MEDIA_MAGIC = (
-    b"\x89PNG\r\n\x1a\n",
-    b"\xff\xd8\xff",
-    b"GIF87a",
-    b"GIF89a",
-    b"RIFF",
-    b"%PDF-",
-    b"ID3",
-    b"OggS",
-    b"fLaC",
-)
-
-
-def is_media_base64(token: str) -> bool:
-    """`token` is standard base64 whose first bytes are a media file's magic number."""
-    try:
-        head = base64.b64decode(token[:24], validate=True)
-    except (binascii.Error, ValueError):
-        return False
-    return head.startswith(_MEDIA_MAGIC) or head[4:8] == b"ftyp"
 
 
 def _sequential_share(token: str) -> float:

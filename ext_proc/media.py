@@ -11,6 +11,8 @@ text walk; a URL or a file id is a string like any other and is read.
 
 from __future__ import annotations
 
+import base64
+import binascii
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -49,6 +51,48 @@ _BASE64 = regex.compile(r"[A-Za-z0-9+/=\s]*")
 def is_base64(value: str, start: int = 0) -> bool:
     """`value[start:]` holds base64 characters (and line breaks) only."""
     return _BASE64.fullmatch(value, start) is not None
+
+
+# Magic numbers of the media a tool may pass around as base64: PNG, JPEG, GIF, WebP/WAV (RIFF),
+# PDF, MP3 (ID3), Ogg, FLAC, MP4 (ftyp at byte 4). A credential does not decode to one of these.
+MEDIA_MIN_LENGTH = 64  # characters of base64: a shorter string is not judged by its bytes
+_MEDIA_MAGIC = (
+    b"\x89PNG\r\n\x1a\n",
+    b"\xff\xd8\xff",
+    b"GIF87a",
+    b"GIF89a",
+    b"RIFF",
+    b"%PDF-",
+    b"ID3",
+    b"OggS",
+    b"fLaC",
+)
+
+
+def is_media_base64(token: str) -> bool:
+    """`token` is standard base64 whose first bytes are a media file's magic number."""
+    try:
+        head = base64.b64decode(token[:24], validate=True)
+    except (binascii.Error, ValueError):
+        return False
+    return head.startswith(_MEDIA_MAGIC) or head[4:8] == b"ftyp"
+
+
+def is_media_payload(value: str) -> bool:
+    """`value`, whole, is a media file's bytes: base64 (bare, or after a binary data: URL's
+    prefix) of at least MEDIA_MIN_LENGTH characters whose first bytes are a magic number. Wherever
+    it sits (a tool's input), there is no text in it, only the letters base64 happens to spell."""
+    start = 0
+    if value[:5].lower() == "data:":
+        m = BINARY_DATA_URL.match(value[:200])
+        if m is None:
+            return False
+        start = m.end()
+    return (
+        len(value) - start >= MEDIA_MIN_LENGTH
+        and is_media_base64(value[start : start + 24])
+        and is_base64(value, start)
+    )
 
 
 def _is_data_url(value: str) -> bool:

@@ -152,6 +152,7 @@ from dateutil import parser as date_parser
 
 from ext_proc.errors import DetectionError
 from ext_proc.findings import Finding
+from ext_proc.media import MEDIA_MIN_LENGTH, is_media_payload
 from ext_proc.memo import MEMO
 from ext_proc.normalize import Folded, fold, fold_char, fold_with_offsets
 from ext_proc.subject_header import FIELDS, SubjectHeader, SubjectHeaderError
@@ -1082,7 +1083,8 @@ class CompiledSubjects:
 
     # --- scanning
 
-    def _scan(self, segments: list[str]) -> Iterator[_Hit]:
+    def _scan(self, segments: list[str], shortest: int = 0) -> Iterator[_Hit]:
+        """Every run of segments that spells a form's key (at least `shortest` characters)."""
         prefixes = self._prefixes
         variants = self._variants
         count = len(segments)
@@ -1092,7 +1094,7 @@ class CompiledSubjects:
             bounds: tuple[int, ...] = ()
             last = first
             while True:
-                if text in variants:
+                if text in variants and len(text) >= shortest:
                     yield _Hit(first, last, text, bounds)
                 last += 1
                 if last >= count:
@@ -1130,7 +1132,7 @@ class CompiledSubjects:
         segments = list(filter(None, pieces))
         if not segments or self._prefixes.isdisjoint(segments):
             return []
-        hits = list(self._scan(segments))
+        hits = list(self._scan(segments, _shortest_key(text)))
         if not hits:
             return []
         piece_of = list(itertools.compress(itertools.count(), pieces))
@@ -1188,11 +1190,12 @@ class CompiledSubjects:
         segments = _read(text, offsets=False).spaced.split()
         if not segments or self._prefixes.isdisjoint(segments):
             return None
+        shortest = _shortest_key(text)
         # The longest form at the first place any form starts names the hit ("mqvance77" is the
         # handle, not the name form "mqvance" inside it); hits of one start come shortest first.
         found: str | None = None
         found_at = -1
-        for hit in self._scan(segments):
+        for hit in self._scan(segments, shortest):
             if found is not None and hit.first != found_at:
                 break
             for variant in self._variants[hit.key]:
@@ -1200,6 +1203,17 @@ class CompiledSubjects:
                     found, found_at = variant.label, hit.first
                     break
         return found
+
+
+# In a media file's base64 (a screenshot passed as a tool's input), a form's key must be this long to
+# count: base64 spells a given 3-letter run about once per million characters (initials such as
+# "mqv" would be found in one screenshot in a few and corrupt it), a 6-character one about once per
+# 10^9; a whole name, an email or a handle written there is still found.
+MEDIA_SHORTEST_KEY = 6
+
+
+def _shortest_key(text: str) -> int:
+    return MEDIA_SHORTEST_KEY if len(text) >= MEDIA_MIN_LENGTH and is_media_payload(text) else 0
 
 
 def _unit_end(segments: list[str], last: int, text: str, span: Callable[[int, int], tuple[int, int]]) -> int:

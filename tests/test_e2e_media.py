@@ -5,7 +5,9 @@ what cannot be read; media-shaped tool inputs left alone; the OCR budget and Env
 
 from __future__ import annotations
 
+import base64
 import json
+import random
 import threading
 import time
 from collections.abc import Iterator
@@ -17,7 +19,8 @@ import openai
 import pytest
 
 from ext_proc import ocr
-from ext_proc.subject_header import encode_subject_header
+from ext_proc.subject_header import encode_subject_header, parse_subject_header
+from ext_proc.subjects import compile_subjects
 from tests.e2e_support import PERSON, chat_body, request
 from tests.fake_upstream import FakeUpstream
 from tests.harness import KEYS, RunningStack, running_stack
@@ -240,10 +243,28 @@ def test_the_stricter_of_tenant_and_header_wins(
         assert_masked(sent)
 
 
-def test_media_shaped_tool_inputs_are_left_alone(stack: RunningStack, upstream: FakeUpstream) -> None:
+def base64_spelling_initials() -> str:
+    """The base64 of a PNG-looking file in which base64 happens to spell the declared person's
+    initials between digits (about once per million characters): what a real screenshot does in
+    one case out of a few."""
+    compiled = compile_subjects(parse_subject_header(encode_subject_header({"subjects": [PERSON]})))
+    rng = random.Random(11)
+    while True:
+        blob = base64.b64encode(b"\x89PNG\r\n\x1a\n" + rng.randbytes(150_000)).decode("ascii")
+        if compiled.detect(blob + "!"):  # read as text (the "!" makes it no media file) it has a hit
+            return blob
+
+
+@pytest.mark.parametrize("kind", ["rendered", "spelling-initials"])
+def test_media_shaped_tool_inputs_are_left_alone(
+    stack: RunningStack, upstream: FakeUpstream, kind: str
+) -> None:
     """Outside the schema positions an image-shaped object is text: not counted, not masked, and,
-    carrying nothing to redact, forwarded byte for byte."""
-    clean = b64(encode(render(styles()[0], ["A chart of parcel volumes"]), "PNG"))
+    carrying nothing to redact, forwarded byte for byte (whatever letters its base64 spells)."""
+    if kind == "rendered":
+        clean = b64(encode(render(styles()[0], ["A chart of parcel volumes"]), "PNG"))
+    else:
+        clean = base64_spelling_initials()
     shaped = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": clean}}
     body = {
         "model": "claude-sonnet-4-6",

@@ -10,7 +10,9 @@ matching); `label` is what `detect` labels it and what `first_survivor` returns.
 
 from __future__ import annotations
 
+import base64
 import json
+import random
 import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -963,3 +965,39 @@ def test_underscore_is_a_separator() -> None:
 @given(st.text(max_size=300))
 def test_property_matchers_are_total_on_any_text_slow(text: str) -> None:
     test_property_matchers_are_total_on_any_text.hypothesis.inner_test(text)  # type: ignore[attr-defined]
+
+
+# --- media bytes in a tool's input -------------------------------------------------------------
+
+
+def person_subjects() -> CompiledSubjects:
+    return compiled_for({"subjects": [PERSON]})
+
+
+def media_blob(rng: random.Random, size: int) -> str:
+    """The base64 of a PNG-looking file: the magic number, then random bytes."""
+    return base64.b64encode(b"\x89PNG\r\n\x1a\n" + rng.randbytes(size)).decode("ascii")
+
+
+def test_short_forms_are_not_found_in_the_base64_of_a_media_file() -> None:
+    """Base64 spells three-letter initials about once per million characters: a screenshot passed
+    as a tool's input would be corrupted by a placeholder (or refused at egress). In a media
+    file's base64 only forms of MEDIA_SHORTEST_KEY characters count; the same letters in text do."""
+    compiled = person_subjects()
+    rng = random.Random(7)
+    blobs = [media_blob(rng, 150_000) for _ in range(40)]  # 8 M characters of base64
+    assert sum(len(compiled.detect(blob)) for blob in blobs) == 0
+    assert all(compiled.first_survivor(blob) is None for blob in blobs)
+    assert all(compiled.first_survivor("data:image/png;base64," + blob) is None for blob in blobs[:5])
+    initials = [f.key for f in compiled.forms() if len(f.key) < subjects_module.MEDIA_SHORTEST_KEY]
+    assert initials, "the person has short forms (initials), or this test proves nothing"
+    # Without the media exemption the same blobs do hold short forms: the sweep is big enough.
+    assert any(compiled.detect(blob + "!") for blob in blobs)  # "!": no longer base64
+
+
+def test_a_whole_identifier_written_into_media_base64_is_still_found() -> None:
+    compiled = person_subjects()
+    blob = media_blob(random.Random(8), 3_000)
+    planted = blob[:1000] + "0MarisolQuinteroVance0" + blob[1000:]
+    assert compiled.first_survivor(planted) == "SUBJECT1_NAME"
+    assert [f.kind for f in compiled.detect(planted)] == ["NAME"]
