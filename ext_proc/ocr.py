@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 import pytesseract
 import regex
@@ -62,8 +63,7 @@ MAX_IMAGE_BYTES = 20 * 1024 * 1024
 MAX_PIXELS = 40_000_000
 MAX_ROUNDS = 2
 MARGIN = 3  # px painted around each word box
-SMALL_SIDE = 700  # images whose shorter side is below this are read at 2x ...
-UPSCALE_MAX_PIXELS = 16_000_000  # ... unless that would make them larger than this
+UPSCALE_MAX_PIXELS = 24_000_000  # images are read at 2x unless that would make them larger than this
 TESSERACT_MAX_SIDE = 32_000  # tesseract refuses images with a side over 32767 pixels
 
 
@@ -79,7 +79,7 @@ class OcrTimeout(MaskError):
 class Word:
     text: str
     box: tuple[int, int, int, int]  # left, top, right, bottom in the original image's pixels
-    line: tuple[int, int, int]  # tesseract's block, paragraph, line
+    line: tuple[int, int, int, int]  # the tesseract run (polarity), its block, paragraph, line
 
 
 @dataclass(slots=True)
@@ -233,20 +233,42 @@ def encode_image(image: Image.Image, fmt: str) -> bytes:
 
 
 def read_words(image: Image.Image, *, timeout: float) -> list[Word]:
-    """One tesseract pass: the recognised words with their boxes in `image`'s pixels."""
+    """One reading: the recognised words with their boxes in `image`'s pixels.
+
+    tesseract reads dark text on a light ground; a screenshot has both kinds (white text on a
+    coloured banner, a dark sidebar), so the image is read twice, as it is and inverted, and the
+    words of both runs are kept (their lines apart). Enlarged 2x when that stays within
+    UPSCALE_MAX_PIXELS: at 1x, the 13-16 px text of a full-size screenshot is often not read at all.
+    """
     gray = image if image.mode == "L" else normalize(image)
     if max(gray.size) > TESSERACT_MAX_SIDE:
         raise MaskError(f"an image side is longer than {TESSERACT_MAX_SIDE} pixels; OCR cannot read it")
-    if sum(gray.histogram()[:96]) > gray.width * gray.height / 2:
-        gray = ImageOps.invert(gray)  # mostly dark: light text on dark ground
-    small = min(gray.size) < SMALL_SIDE
     fits = gray.width * gray.height * 4 <= UPSCALE_MAX_PIXELS and max(gray.size) * 2 <= TESSERACT_MAX_SIDE
-    scale = 2 if small and fits else 1
+    scale = 2 if fits else 1
     if scale != 1:
         gray = gray.resize((gray.width * scale, gray.height * scale), Image.Resampling.LANCZOS)
+    deadline = time.monotonic() + timeout
+    words: list[Word] = []
+    for run, view in enumerate((gray, ImageOps.invert(gray))):
+        data = _tesseract(view, deadline - time.monotonic())
+        for i, text in enumerate(data["text"]):
+            if not text or not text.strip():
+                continue
+            left, top = data["left"][i] // scale, data["top"][i] // scale
+            right = (data["left"][i] + data["width"][i] + scale - 1) // scale
+            bottom = (data["top"][i] + data["height"][i] + scale - 1) // scale
+            line = (run, data["block_num"][i], data["par_num"][i], data["line_num"][i])
+            words.append(Word(text.strip(), (left, top, right, bottom), line))
+    return words
+
+
+def _tesseract(image: Image.Image, timeout: float) -> dict[str, list[Any]]:
+    """One tesseract run (`image_to_data`: words with boxes) within `timeout` seconds."""
+    if timeout <= 0:
+        raise OcrTimeout("OCR did not finish within the budget")
     try:
-        data = pytesseract.image_to_data(
-            gray, output_type=pytesseract.Output.DICT, timeout=max(1.0, timeout), nice=5
+        data: dict[str, list[Any]] = pytesseract.image_to_data(
+            image, output_type=pytesseract.Output.DICT, timeout=max(1.0, timeout), nice=5
         )
     except pytesseract.TesseractError:  # a RuntimeError too: caught first
         raise MaskError("OCR failed on an image") from None
@@ -254,16 +276,7 @@ def read_words(image: Image.Image, *, timeout: float) -> list[Word]:
         if "timeout" in str(exc).lower():  # pytesseract's own timeout
             raise OcrTimeout("OCR did not finish within the budget") from None
         raise MaskError("OCR failed on an image") from None
-    words: list[Word] = []
-    for i, text in enumerate(data["text"]):
-        if not text or not text.strip():
-            continue
-        left, top = data["left"][i] // scale, data["top"][i] // scale
-        right = (data["left"][i] + data["width"][i] + scale - 1) // scale
-        bottom = (data["top"][i] + data["height"][i] + scale - 1) // scale
-        line = (data["block_num"][i], data["par_num"][i], data["line_num"][i])
-        words.append(Word(text.strip(), (left, top, right, bottom), line))
-    return words
+    return data
 
 
 # --- find -------------------------------------------------------------------------------------
@@ -323,7 +336,7 @@ def find_words(
     if fuzzy is not None:
         # Per line, on the letters and digits only, so a misread inside a split identifier is
         # still near the declared form; each hit marks every word it touches.
-        by_line: dict[tuple[int, int, int], list[int]] = {}
+        by_line: dict[tuple[int, int, int, int], list[int]] = {}
         for index, word in enumerate(words):
             by_line.setdefault(word.line, []).append(index)
         for indices in by_line.values():

@@ -51,6 +51,63 @@ def styles() -> list[Style]:
     return out
 
 
+@dataclass(frozen=True)
+class Page:
+    """A full-size screenshot: a page of ordinary lines with a full-width coloured banner whose
+    text carries the person's details (an error toast, a table header, a status bar)."""
+
+    name: str
+    size: tuple[int, int]
+    page: str
+    ink: str
+    band: str
+    band_ink: str
+    text_px: int
+    fmt: str = "PNG"
+
+
+BANNER = f"Payment failed for card {SAMPLES['CREDIT_CARD']} ({PERSON['names'][0]})"
+PAGE_LINES = [
+    "Ticket about the delayed parcel in Denver",
+    f"Contact: {PERSON['emails'][0]}",
+    "Please answer before Friday",
+]
+
+
+def pages() -> list[Page]:
+    """Light text on a coloured band in a light page, and the reverse in a dark page."""
+    return [
+        Page("1440x900-white-on-red-band-png", (1440, 900), "white", "#222222", "#d93025", "white", 15),
+        Page(
+            "1920x1080-white-on-blue-band-jpeg",
+            (1920, 1080),
+            "#fafafa",
+            "#202124",
+            "#1a73e8",
+            "white",
+            14,
+            "JPEG",
+        ),
+        Page(
+            "1280x800-dark-page-light-band-png", (1280, 800), "#1e1e1e", "#e8eaed", "#e8eaed", "#202124", 16
+        ),
+    ]
+
+
+def render_page(page: Page) -> Image.Image:
+    font = ImageFont.load_default(size=page.text_px)
+    image = Image.new("RGB", page.size, page.page)
+    draw = ImageDraw.Draw(image)
+    step = int(page.text_px * 2.2)
+    for i, line in enumerate(PAGE_LINES):
+        draw.text((24, 80 + i * step), line, font=font, fill=page.ink)
+    top = page.size[1] // 2
+    height = page.text_px * 3
+    draw.rectangle((0, top, page.size[0], top + height), fill=page.band)
+    draw.text((24, top + page.text_px), BANNER, font=font, fill=page.band_ink)
+    return image
+
+
 def render(style: Style, lines: list[str] | None = None) -> Image.Image:
     lines = LINES if lines is None else lines
     if style.font is None:
@@ -146,4 +203,25 @@ def independent_readings(data: bytes) -> list[str]:
         if sum(gray.histogram()[:96]) > gray.width * gray.height / 2:
             gray = ImageOps.invert(gray)
         words += pytesseract.image_to_string(gray, timeout=60).split()
+    return words
+
+
+def strong_readings(data: bytes) -> list[str]:
+    """A reader stronger than ext_proc's own, for the masking tests' after-checks: the image as a
+    viewer sees it (upright, laid on white, grey), at 1x, 2x and 3x (within 40 megapixels), each
+    as it is and inverted."""
+    import pytesseract
+    from PIL import ImageOps
+
+    from ext_proc import ocr
+
+    pytesseract.pytesseract.tesseract_cmd = ocr.tesseract_command()
+    gray = ocr.normalize(Image.open(io.BytesIO(data)))
+    words: list[str] = []
+    for scale in (1, 2, 3):
+        if gray.width * gray.height * scale * scale > 40_000_000:
+            continue
+        view = gray.resize((gray.width * scale, gray.height * scale), Image.Resampling.LANCZOS)
+        for polarity in (view, ImageOps.invert(view)):
+            words += pytesseract.image_to_string(polarity, timeout=120).split()
     return words
