@@ -33,12 +33,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import functools
 import io
 import os
+import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
@@ -186,8 +188,13 @@ def normalize(image: Image.Image) -> Image.Image:
     This is what is read *and* what is sent: a model is never shown pixels tesseract did not see
     (text drawn only in the alpha channel, red on green of equal luminance, a 16-bit image whose
     values a reader would clip, a sideways photo). The price: a masked image goes out in grey.
+
+    Memory: beside the decoded image, at most about 5 bytes per pixel (grey and alpha, their
+    split, the white ground), whatever the mode; a 40-megapixel RGBA image costs some 200 MB here,
+    not 600.
     """
-    image = ImageOps.exif_transpose(image) or image
+    if image.getexif().get(0x0112, 1) != 1:
+        image = ImageOps.exif_transpose(image) or image  # a copy: only when it must turn
     if image.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
         peak = image.getextrema()[1] if image.mode == "I" else 65535
         factor = 255 / 65535 if peak > 255 else 1
@@ -197,12 +204,14 @@ def normalize(image: Image.Image) -> Image.Image:
     has_alpha = image.mode in ("RGBA", "LA", "PA", "RGBa", "La") or (
         image.mode == "P" and "transparency" in image.info
     )
-    if has_alpha:
-        rgba = image.convert("RGBA")
-        ground = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        ground.alpha_composite(rgba)
-        image = ground
-    return image.convert("L")
+    if not has_alpha:
+        return image if image.mode == "L" else image.convert("L")
+    if image.mode not in ("RGBA", "LA"):
+        image = image.convert("RGBA")  # palette and premultiplied modes: their alpha as it is meant
+    grey, alpha = (image if image.mode == "LA" else image.convert("LA")).split()
+    ground = Image.new("L", grey.size, 255)
+    ground.paste(grey, (0, 0), alpha)  # grey where opaque, white where transparent, blended between
+    return ground
 
 
 def encode_image(image: Image.Image, fmt: str) -> bytes:
@@ -381,7 +390,19 @@ def mask_image(
     """The payload string (same form: bare base64 or the same data: URL prefix) with every
     identifier painted over, after a clean re-reading; MaskError otherwise."""
     data, url_type, prefix = decode_payload(payload)
-    image, fmt = open_image(data, url_type or declared)
+    with PIXELS_IN_FLIGHT.hold(pixels_of(data), deadline):
+        return _mask_decoded(data, url_type or declared, prefix, detectors, fuzzy, deadline)
+
+
+def _mask_decoded(
+    data: bytes,
+    declared: str | None,
+    prefix: str,
+    detectors: Sequence[Detector],
+    fuzzy: regex.Pattern[str] | None,
+    deadline: float,
+) -> tuple[str, MaskResult]:
+    image, fmt = open_image(data, declared)
     image = normalize(image)  # read and sent alike
     result = MaskResult()
 
@@ -412,6 +433,50 @@ def mask_image(
         marked = find_words(words, detectors, fuzzy)
     text = base64.b64encode(encoded).decode("ascii")
     return (prefix + text if prefix else text), result
+
+
+def pixels_of(data: bytes) -> int:
+    """The pixel count an image's header declares (nothing decoded); MAX_PIXELS when unreadable
+    (open_image then refuses it with the precise reason)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            width, height = Image.open(io.BytesIO(data)).size
+    except (Image.DecompressionBombError, UnidentifiedImageError, OSError, ValueError):
+        return MAX_PIXELS
+    return max(1, min(width * height, MAX_PIXELS))
+
+
+class PixelBudget:
+    """How many pixels this process may hold decoded at once across the OCR pool's threads: an
+    image waits (its wait counting against its OCR budget) until its pixels fit. Decoding and
+    reading take about 10 bytes per pixel at the peak, so the pool's memory is bounded whatever
+    OCR_WORKERS says and however many large images arrive together."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.free = capacity
+        self._changed = threading.Condition()
+
+    @contextlib.contextmanager
+    def hold(self, pixels: int, deadline: float) -> Iterator[None]:
+        pixels = min(pixels, self.capacity)
+        with self._changed:
+            while self.free < pixels:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise OcrTimeout("OCR did not finish within the budget (waiting for memory)")
+                self._changed.wait(remaining)
+            self.free -= pixels
+        try:
+            yield
+        finally:
+            with self._changed:
+                self.free += pixels
+                self._changed.notify_all()
+
+
+PIXELS_IN_FLIGHT = PixelBudget(MAX_PIXELS)
 
 
 class OcrPool:

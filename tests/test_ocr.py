@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import base64
 import io
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from PIL import Image, PngImagePlugin
@@ -295,3 +299,64 @@ def test_a_script_ocr_cannot_read_refuses_mask() -> None:
     accented = parse_subject_header(encode_subject_header({"subjects": [{"names": ["Zoë Ðặng Núñez"]}]}))
     cyrillic = parse_subject_header(encode_subject_header({"subjects": [{"names": ["Марисоль Кинтеро"]}]}))
     assert ocr.ocr_can_read(latin) and ocr.ocr_can_read(accented) and not ocr.ocr_can_read(cyrillic)
+
+
+# --- memory -----------------------------------------------------------------------------------
+
+NORMALIZE_MEMORY = """
+import io, sys
+from PIL import Image, ImageDraw
+from ext_proc import ocr
+
+def high_water() -> int:
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM"):
+            return int(line.split()[1]) * 1024
+    raise SystemExit("no VmHWM")
+
+side = 4000
+image = Image.new(sys.argv[1], (side, side), (255, 255, 255, 0) if sys.argv[1] == "RGBA" else "white")
+ImageDraw.Draw(image).text((100, 100), "words", fill="black")
+out = io.BytesIO()
+image.save(out, "PNG")
+data = out.getvalue()
+del image, out
+decoded, _ = ocr.open_image(data, None)
+before = high_water()
+grey = ocr.normalize(decoded)
+print((high_water() - before) / side / side)
+"""
+
+
+@pytest.mark.parametrize("mode", ["RGBA", "RGB"])
+def test_normalising_costs_a_few_bytes_per_pixel(mode: str) -> None:
+    """Beside the decoded image, normalising takes at most 8 bytes per pixel (it took 16 for
+    RGBA: three full RGBA copies), so a 40-megapixel image does not cost most of a gigabyte."""
+    if not Path("/proc/self/status").exists():
+        pytest.skip("needs Linux's /proc to read the peak resident size")
+    command = [sys.executable, "-c", NORMALIZE_MEMORY, mode]
+    ran = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
+    assert float(ran.stdout) <= 8.0, ran.stdout
+
+
+def test_the_pixel_budget_makes_large_images_wait_their_turn() -> None:
+    """Two images whose pixels do not fit together: the second waits for the first, and one
+    whose deadline passes while waiting is an OcrTimeout (503), never decoded."""
+    budget = ocr.PixelBudget(40)
+    order: list[str] = []
+
+    def second() -> None:
+        with budget.hold(30, time.monotonic() + 5):
+            order.append("second")
+
+    waiter = threading.Thread(target=second)
+    with budget.hold(30, time.monotonic() + 1):
+        with pytest.raises(ocr.OcrTimeout), budget.hold(30, time.monotonic() + 0.05):
+            order.append("never")
+        waiter.start()
+        time.sleep(0.1)
+        order.append("first done")
+    waiter.join(5)
+    assert order == ["first done", "second"] and budget.free == 40
+    assert ocr.pixels_of(encode(Image.new("RGB", (30, 20)), "PNG")) == 600
+    assert ocr.pixels_of(b"not an image") == ocr.MAX_PIXELS
