@@ -2,9 +2,10 @@
 
 Run: `.venv/bin/python -m tests.bench_ocr` (`--seconds S` per load phase, default 10).
 
-1. One screenshot, in-process: each rendered style of tests/screenshots.py masked by
-   `ext_proc.ocr.mask_image`, repeated; the time of one tesseract pass and of the whole image
-   (passes: read, paint, read again).
+1. One screenshot, in-process: each rendered style of tests/screenshots.py (small ones, and
+   full-size pages with a coloured banner) masked by `ext_proc.ocr.mask_image`, repeated; the
+   time of one reading (tesseract twice: as it is and inverted) and of the whole image
+   (readings: read, paint, read again).
 2. Through the stack (real Envoy, two ext_proc workers, one OCR thread each, the fake upstream):
    a Chat request with 1 and with 4 screenshots under `media: mask`, end to end.
 3. Text-only Chat requests (8 KB, no subjects) at concurrency 4 for S seconds, first alone, then
@@ -27,7 +28,7 @@ from ext_proc.subject_header import encode_subject_header, parse_subject_header
 from ext_proc.subjects import compile_subjects
 from tests.e2e_support import PERSON, chat_body, request
 from tests.harness import KEYS, running_stack
-from tests.screenshots import data_url, encode, render, styles
+from tests.screenshots import data_url, encode, pages, render, render_page, styles
 
 HEADERS = {
     "authorization": f"Bearer {KEYS['mask-media']}",
@@ -42,10 +43,11 @@ def in_process(repeat: int) -> None:
     detectors = [Catalog.for_sets(("pii", "pci", "secrets")).detect, subjects.detect]
     fuzzy = ocr.fuzzy_pattern([f.key for f in subjects.forms()])
     print("1. one screenshot, in process (ms; median of", repeat, "runs)")
-    print(f"   {'style':<26} {'size':>9} {'pass':>7} {'passes':>6} {'image':>7}")
-    for style in styles():
-        image = render(style)
-        payload = data_url(encode(image, style.fmt), ocr.FORMATS[style.fmt])
+    print(f"   {'style':<34} {'size':>9} {'pass':>7} {'passes':>6} {'image':>7}")
+    cases = [(style.name, render(style), style.fmt) for style in styles()]
+    cases += [(page.name, render_page(page), page.fmt) for page in pages()]  # full-size, banner
+    for name, image, fmt in cases:
+        payload = data_url(encode(image, fmt), ocr.FORMATS[fmt])
         passes, totals, counts = [], [], []
         for _ in range(repeat):
             start = time.perf_counter()
@@ -55,7 +57,7 @@ def in_process(repeat: int) -> None:
             counts.append(result.passes)
         size = f"{image.width}x{image.height}"
         print(
-            f"   {style.name:<26} {size:>9} {statistics.median(passes):7.0f} "
+            f"   {name:<34} {size:>9} {statistics.median(passes):7.0f} "
             f"{statistics.median(counts):6.0f} {statistics.median(totals):7.0f}"
         )
 
