@@ -385,7 +385,7 @@ def test_vault_unwritable_refuses_the_request(fresh: RunningStack, acl: redis.Re
     """The vault keys refused, the receipt keys allowed: the request is refused 503 at stage
     `vault`, the upstream never called, and the receipt records the refusal. failMode does not
     matter; a request with nothing to store still goes through."""
-    receipt_keys = [f"~cordon:{{*}}:{part}" for part in ("stream", "head", "turn", "call")]
+    receipt_keys = [f"~cordon:{{*}}:{part}" for part in ("stream", "head", "turn", "call:*")]
     acl.execute_command("ACL", "SETUSER", "default", "resetkeys", *receipt_keys)
     headers = {"authorization": f"Bearer {KEYS['pseudonyms']}"}
     for stream in (False, True):

@@ -205,7 +205,7 @@ def acl(fresh: RunningStack) -> Iterator[redis.Redis]:
 
 
 def test_a_registry_that_cannot_be_written_refuses_the_request(fresh: RunningStack, acl: redis.Redis) -> None:
-    receipt_keys = [f"~cordon:{{*}}:{part}" for part in ("stream", "head", "turn", "call")]
+    receipt_keys = [f"~cordon:{{*}}:{part}" for part in ("stream", "head", "turn", "call:*")]
     acl.execute_command("ACL", "SETUSER", "default", "resetkeys", *receipt_keys)
     headers = {"authorization": f"Bearer {KEYS['surrogate']}"}
     for stream in (False, True):
