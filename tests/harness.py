@@ -14,7 +14,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -278,25 +278,43 @@ class LateRedisReplies:
             self._thread.join(5)
 
     async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        await relay(self.port, client_r, client_w, self._on_reply)
+
+    async def _on_reply(self, data: bytes) -> bool:
+        if self.delay and data.startswith(self.APPENDED):
+            header_end = data.find(b"\r\n") + 2
+            if data[header_end : header_end + 4] == self.APPENDED_STATUS:
+                self.held += 1
+                await asyncio.sleep(self.delay)
+        return True
+
+
+async def relay(
+    port: int,
+    client_r: asyncio.StreamReader,
+    client_w: asyncio.StreamWriter,
+    on_reply: Callable[[bytes], Awaitable[bool]],
+) -> None:
+    """Pipe one client connection to the Redis on `port` and back. `on_reply` sees each chunk of
+    Redis's answers before it is passed on (it may hold it back a while) and returns False to cut
+    the client off instead: an answer lost with its connection."""
+    try:
+        redis_r, redis_w = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        client_w.close()
+        return
+
+    async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, replies: bool) -> None:
         try:
-            redis_r, redis_w = await asyncio.open_connection("127.0.0.1", self.port)
-        except OSError:
-            client_w.close()
-            return
+            while data := await src.read(65536):
+                if replies and not await on_reply(data):
+                    client_w.close()
+                    return
+                dst.write(data)
+                await dst.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            dst.close()
 
-        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, replies: bool) -> None:
-            try:
-                while data := await src.read(65536):
-                    if replies and self.delay and data.startswith(self.APPENDED):
-                        header_end = data.find(b"\r\n") + 2
-                        if data[header_end : header_end + 4] == self.APPENDED_STATUS:
-                            self.held += 1
-                            await asyncio.sleep(self.delay)
-                    dst.write(data)
-                    await dst.drain()
-            except (ConnectionError, OSError):
-                pass
-            finally:
-                dst.close()
-
-        await asyncio.gather(pump(client_r, redis_w, False), pump(redis_r, client_w, True))
+    await asyncio.gather(pump(client_r, redis_w, False), pump(redis_r, client_w, True))

@@ -40,7 +40,7 @@ from ext_proc.receipts import (
     verify_cli,
 )
 from ext_proc.stack import redis_binary, wait_port
-from tests.harness import LateRedisReplies, RedisProcess, free_port, redis_server
+from tests.harness import LateRedisReplies, RedisProcess, free_port, redis_server, relay
 
 T = TypeVar("T")
 
@@ -743,74 +743,43 @@ class _ReplyDropper:
         return f"redis://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/0"
 
     async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
-        redis_r, redis_w = await asyncio.open_connection("127.0.0.1", self.port)
+        await relay(self.port, client_r, client_w, self._on_reply)
 
-        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, replies: bool) -> None:
-            try:
-                while data := await src.read(65536):
-                    if replies and self.armed and data.startswith(b"*"):
-                        self.armed = False
-                        if self.meanwhile is not None:
-                            await self.meanwhile()
-                        client_w.close()
-                        return
-                    dst.write(data)
-                    await dst.drain()
-            except (ConnectionError, OSError):
-                pass
-            finally:
-                dst.close()
-
-        await asyncio.gather(pump(client_r, redis_w, False), pump(redis_r, client_w, True))
+    async def _on_reply(self, data: bytes) -> bool:
+        if not (self.armed and data.startswith(b"*")):
+            return True
+        self.armed = False
+        if self.meanwhile is not None:
+            await self.meanwhile()
+        return False  # the script ran; its answer is lost with the connection
 
 
-def test_a_lost_reply_is_sent_again_and_appends_once(redis_url: str) -> None:
+@pytest.mark.parametrize("meanwhile", [False, True], ids=["alone", "another-writer-meanwhile"])
+def test_a_lost_reply_is_sent_again_and_appends_once(redis_url: str, meanwhile: bool) -> None:
     """The script ran but its answer was lost with the connection: the client sends it once more,
-    the second run finds this call's own hash at the head and appends nothing, and the caller gets
-    its receipt: the record is in the chain once."""
+    the second run finds this call's own key and appends nothing, even when another worker
+    appended in between, and the caller gets its receipt: every exchange is in the chain once."""
     port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
-
-    async def scenario() -> None:
-        proxy = _ReplyDropper(port)
-        url = await proxy.start()
-        store = ReceiptStore.from_url(url, timeout=1.0)
-        try:
-            await store.append(fields("dropped", 0))
-            proxy.armed = True
-            second = await store.append(fields("dropped", 1))
-            assert not proxy.armed  # the answer was dropped: the receipt came from the second run
-            third = await store.append(fields("dropped", 2))
-            stored = await entries(redis_url, "dropped")
-            assert [entry[b"h"].decode() for _, entry in stored][1:] == [second.hash, third.hash]
-            assert third.prev == second.hash
-        finally:
-            await store.aclose()
-            assert proxy.server is not None
-            proxy.server.close()
-
-    run(scenario())
-    assert run(verify(redis_url, "dropped")).ok
-
-
-def test_a_lost_reply_sent_again_after_another_writer_appended_appends_once(redis_url: str) -> None:
-    """Another worker appends between the lost answer and the re-send: the re-send still finds its
-    own call's key and appends nothing, so the exchange is in the chain once."""
-    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    tenant = f"dropped-{meanwhile}".lower()
 
     async def scenario() -> None:
         other = ReceiptStore.from_url(redis_url, timeout=1.0)
-        proxy = _ReplyDropper(port, meanwhile=lambda: other.append(fields("interleaved", 99)))
+        proxy = _ReplyDropper(
+            port, meanwhile=(lambda: other.append(fields(tenant, 99))) if meanwhile else None
+        )
         url = await proxy.start()
         store = ReceiptStore.from_url(url, timeout=1.0)
         try:
-            await store.append(fields("interleaved", 0))
+            await store.append(fields(tenant, 0))
             proxy.armed = True
-            mine = await store.append(fields("interleaved", 1))
-            assert not proxy.armed
-            stored = await entries(redis_url, "interleaved")
+            second = await store.append(fields(tenant, 1))
+            assert not proxy.armed  # the answer was dropped: the receipt came from the second run
+            third = await store.append(fields(tenant, 2))
+            stored = await entries(redis_url, tenant)
             counts = [json.loads(entry[b"r"])["counts"]["EMAIL"] for _, entry in stored]
-            assert sorted(counts) == [0, 1, 99]  # every exchange once
-            assert mine.hash in [entry[b"h"].decode() for _, entry in stored]
+            assert sorted(counts) == ([0, 1, 2, 99] if meanwhile else [0, 1, 2])  # each exchange once
+            hashes = [entry[b"h"].decode() for _, entry in stored]
+            assert second.hash in hashes and hashes[-1] == third.hash
         finally:
             await store.aclose()
             await other.aclose()
@@ -818,7 +787,7 @@ def test_a_lost_reply_sent_again_after_another_writer_appended_appends_once(redi
             proxy.server.close()
 
     run(scenario())
-    assert run(verify(redis_url, "interleaved")).ok
+    assert run(verify(redis_url, tenant)).ok
 
 
 def test_a_second_run_of_the_same_call_appends_nothing(redis_url: str) -> None:
