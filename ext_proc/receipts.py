@@ -65,16 +65,18 @@ chain; listing the chains scans every primary.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import json
+import logging
 import random
 import re
 import secrets
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Literal, TextIO, TypeVar, get_args
@@ -89,13 +91,14 @@ from ext_proc.redis_client import REDIS_ERRORS, RedisClient, bounded, connect
 # own record; its `exchange` field is that record's hash.
 Decision = Literal["forwarded", "refused", "reported", "output"]
 Egress = Literal["verified", "refused", "skipped"]
-BadReason = Literal["unparsable", "prev", "hash", "head", "checkpoint"]
+BadReason = Literal["unparsable", "prev", "hash", "head", "checkpoint", "vanished"]
 
 DECISIONS: tuple[str, ...] = get_args(Decision)
 EGRESS_VERDICTS: tuple[str, ...] = get_args(Egress)
 STAGES: tuple[str, ...] = get_args(Stage)
 
 GENESIS = "0" * 64
+log = logging.getLogger("cordon.receipts")
 MAX_KIND_CHARS = 64
 VERIFY_BATCH = 500
 
@@ -326,7 +329,9 @@ class VerifyResult:
     `reason`: `unparsable` (not a valid canonical record of this tenant), `prev` (not chained to
     the record before it: one was deleted, inserted or moved), `hash` (its content changed),
     `checkpoint` (the last record verified earlier is gone or changed), `head` (the head key does
-    not match the last record, `bad_id`: a record was cut off the end or the head was moved).
+    not match the last record, `bad_id`: a record was cut off the end or the head was moved),
+    `vanished` (this process appended to the chain, which has since started again from nothing:
+    deleted, or a Redis restarted without its data; `bad_id` "0-0").
     """
 
     tenant: str
@@ -429,15 +434,34 @@ _TIME_LUA = "return redis.call('TIME')"
 
 MAX_BATCH = 64
 BATCH_GRACE_SECONDS = 0.05  # how long a queued caller past its deadline waits for its batch's end
-SETTLE_INTERVAL_SECONDS = 1.0  # settle_later: between two looks at the chain
+SETTLE_INTERVAL_SECONDS = 1.0  # settle_later: between two looks at the chains
 SETTLE_ATTEMPTS = 60  # ... for about a minute
-SETTLE_SCAN = 10_000  # ... reading back at most this many records from the tail
+SETTLE_SCAN = 10_000  # ... reading back at most this many records from a chain's tail
+MAX_SETTLING = 1024  # exchanges waiting to be settled at once; more are given up (`unknown`)
+CLOCK_RETRY_SECONDS = 1.0  # a clock measured again in the background: between two tries
 _PREV_FIELD = b'"prev":"'
 FENCE_MARGIN_MS = 20  # the script gives up this long before its caller does
 CLOCK_CHECK_SECONDS = 60.0  # how often Redis's clock is compared with ours
 
 
 _Pending = tuple[ReceiptFields, "asyncio.Future[Receipt]", float]  # fields, result, deadline
+
+
+@dataclass(slots=True, eq=False)
+class _Settling:
+    """An exchange refused after an unanswered append, waiting to be settled."""
+
+    correction: ReceiptFields  # the refusal's record, `exchange` = the uncertain record's hash
+    link: tuple[str, str]  # (prev, hash) of the uncertain record
+    done: Callable[[str], None] | None
+    attempts: int
+    outcome: str | None = None
+    written: tuple[str, str] | None = None  # (prev, hash) of our own append, itself unanswered
+    written_outcome: str = "corrected"
+
+    def finish(self, outcome: str) -> None:
+        if self.done is not None:
+            self.done(outcome)
 
 
 def _fail(items: list[_Pending], error: ReceiptError) -> None:
@@ -503,13 +527,17 @@ class ReceiptStore:
         # Per tenant: (Redis's TIME minus ours in ms, when measured). Per tenant because on a
         # cluster each chain's script runs on its own node, with its own clock.
         self._clocks: dict[str, tuple[float, float]] = {}
+        self._clock_checks: dict[str, asyncio.Task[None]] = {}  # background re-measurements
         self._heads: dict[str, str] = {}  # the last head seen per tenant: a guess, the script decides
+        self._confirmed: dict[str, str] = {}  # the last head Redis itself answered per tenant
         self._queues: dict[str, list[_Pending]] = {}
         self._drains: dict[str, asyncio.Task[None]] = {}
         self._writing: set[str] = set()  # tenants whose chain a caller or a drain is writing
         self._checkpoints: dict[str, _Checkpoint] = {}
         self._in_flight: dict[str, list[tuple[str, str]]] = {}  # links of a script sent, unanswered
-        self._settling: set[asyncio.Task[str]] = set()
+        self._settling: list[_Settling] = []
+        self._settler: asyncio.Task[None] | None = None
+        self._vanished: set[str] = set()  # chains this process appended to that were restarted
         self.races_lost = 0  # compare-and-set conflicts seen, for a metric
 
     @classmethod
@@ -524,8 +552,15 @@ class ReceiptStore:
         return cls(client, writer=writer, timeout=timeout, **kwargs)  # type: ignore[arg-type]
 
     async def aclose(self) -> None:
-        for task in [*self._drains.values(), *self._settling]:
-            task.cancel()
+        for task in [*self._drains.values(), *self._clock_checks.values(), self._settler]:
+            if task is not None:
+                task.cancel()
+        if self._settler is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._settler
+        for item in self._settling:  # every exchange still waiting stays unknown, and is told so
+            item.finish("unknown")
+        self._settling.clear()
         await self._redis.aclose()
         if self._writer is not self._redis:
             await self._writer.aclose()
@@ -601,13 +636,20 @@ class ReceiptStore:
             async with asyncio.timeout_at(deadline):
                 return await self._append_locked(tenant, batch, deadline)
         except TimeoutError as exc:
-            self._clocks.clear()  # the next append measures again (Sentinel may have failed over)
-            uncertain = self._in_flight.pop(tenant, [])
-            raise ReceiptError(str(self._timed_out()), uncertain) from exc
+            self._check_clock_later(tenant)  # Sentinel may have failed over to another clock
+            raise ReceiptError(str(self._timed_out()), self._unanswered(tenant)) from exc
         except REDIS_ERRORS as exc:
-            self._clocks.clear()
-            uncertain = self._in_flight.pop(tenant, [])
-            raise ReceiptError(f"Redis failed: {type(exc).__name__}", uncertain) from exc
+            self._check_clock_later(tenant)
+            raise ReceiptError(f"Redis failed: {type(exc).__name__}", self._unanswered(tenant)) from exc
+
+    def _unanswered(self, tenant: str) -> list[tuple[str, str]]:
+        """The links of a script sent but not answered. When Redis answers late, it ran: its last
+        record is the likeliest head, and guessing it saves the next append a lost race (on a slow
+        Redis, a race lost every time made every append time out)."""
+        uncertain = self._in_flight.pop(tenant, [])
+        if uncertain:
+            self._heads[tenant] = uncertain[-1][1]
+        return uncertain
 
     def _start_drain(self, tenant: str) -> None:
         self._writing.add(tenant)
@@ -651,15 +693,39 @@ class ReceiptStore:
         FENCE_MARGIN_MS."""
         loop = asyncio.get_running_loop()
         clock = self._clocks.get(tenant)
-        if clock is None or loop.time() - clock[1] > CLOCK_CHECK_SECONDS:
-            before = time.time()
-            seconds, micros = await self._time_script(keys=[self.stream_key(tenant)])
-            after = time.time()
-            redis_ms = int(seconds) * 1000 + int(micros) / 1000
-            clock = (redis_ms - (before + after) * 500, loop.time())  # midpoint of the round trip
-            self._clocks[tenant] = clock
+        if clock is None:
+            clock = await self._measure_clock(tenant)
+        elif loop.time() - clock[1] > CLOCK_CHECK_SECONDS:
+            self._check_clock_later(tenant)  # the last measurement serves meanwhile
         remaining_ms = (deadline - loop.time()) * 1000
         return int(time.time() * 1000 + clock[0] + remaining_ms - FENCE_MARGIN_MS)
+
+    async def _measure_clock(self, tenant: str) -> tuple[float, float]:
+        before = time.time()
+        seconds, micros = await self._time_script(keys=[self.stream_key(tenant)])
+        after = time.time()
+        redis_ms = int(seconds) * 1000 + int(micros) / 1000
+        clock = (redis_ms - (before + after) * 500, asyncio.get_running_loop().time())  # midpoint
+        self._clocks[tenant] = clock
+        return clock
+
+    def _check_clock_later(self, tenant: str) -> None:
+        """Measure `tenant`'s Redis clock again in the background, never on a caller's time: after
+        a failure (a failover may have brought another node's clock), or when it is due. Spending
+        a round trip of each append's budget on it made a slow Redis refuse every append and never
+        recover; the last measurement serves meanwhile."""
+        if tenant in self._clocks and tenant not in self._clock_checks:
+            task = asyncio.get_running_loop().create_task(self._remeasure(tenant))
+            self._clock_checks[tenant] = task
+            task.add_done_callback(lambda _: self._clock_checks.pop(tenant, None))
+
+    async def _remeasure(self, tenant: str) -> None:
+        for _ in range(SETTLE_ATTEMPTS):
+            try:
+                await self._call(self._measure_clock(tenant))
+                return
+            except ReceiptError:
+                await asyncio.sleep(CLOCK_RETRY_SECONDS)
 
     async def _append_locked(self, tenant: str, batch: list[ReceiptFields], deadline: float) -> list[Receipt]:
         fixed_keys = [self.stream_key(tenant), self.head_key(tenant), self.turn_key(tenant)]
@@ -683,7 +749,7 @@ class ReceiptStore:
             del self._in_flight[tenant]
             status = answer[0]
             if status in (1, 4):  # appended now, or by this same call's earlier run
-                self._heads[tenant] = link
+                self._heads[tenant] = self._confirmed[tenant] = link
                 return [
                     Receipt.chained(receipt_fields, p, h)
                     for receipt_fields, (p, h) in zip(batch, chained, strict=True)
@@ -691,10 +757,17 @@ class ReceiptStore:
             if status == -1:
                 raise ReceiptError("the chain head key is missing while the stream has records")
             if status == 3:
+                self._check_clock_later(tenant)  # or Redis's clock moved
                 raise self._timed_out()  # the script ran past its fence and wrote nothing
             self.races_lost += 1
-            prev = _text(answer[1])
-            self._heads[tenant] = prev
+            head = _text(answer[1])
+            confirmed = self._confirmed.get(tenant, GENESIS)
+            if head == GENESIS and confirmed != GENESIS and tenant not in self._vanished:
+                # The chain this process was appending to is gone (deleted, or a Redis restarted
+                # without its data): it starts again, and the loss is said, not hidden.
+                self._vanished.add(tenant)
+                log.error(json.dumps({"event": "receipt_chain_restarted", "tenant": tenant}))
+            prev = self._heads[tenant] = self._confirmed[tenant] = head
             if status == 0:  # another writer's turn: give it about a round trip
                 await asyncio.sleep(random.uniform(0.0001, 0.0006))
         raise ReceiptError(f"receipt append lost {self._max_attempts} races for the chain head in a row")
@@ -709,49 +782,81 @@ class ReceiptStore:
     ) -> None:
         """An exchange refused because its append got no answer: if that record reached the chain
         after all, it says `forwarded` for a request that was not. In the background (about a
-        minute, while Redis does not answer), find out; if it is there, append `correction` (the
-        refusal, with `exchange` = that record's hash) after it. `uncertain` is (prev, hash).
-        `done` gets the outcome: `corrected`, `absent` (the record never reached the chain) or
-        `unknown` (no answer in time, or not found among the last SETTLE_SCAN records)."""
-        task = asyncio.get_running_loop().create_task(self._settle(correction, uncertain))
-        self._settling.add(task)
-        task.add_done_callback(self._settling.discard)
-        if done is not None:
-            task.add_done_callback(lambda t: None if t.cancelled() else done(t.result()))
+        minute, while Redis does not answer), find out. If it is there, append `correction` (the
+        refusal, with `exchange` = that record's hash) after it; if it never got in, append the
+        refusal without `exchange`, so the exchange has its one record. `uncertain` is (prev,
+        hash). `done` gets the outcome: `corrected`, `recorded`, or `unknown` (no answer in
+        time, not found among the last SETTLE_SCAN records, MAX_SETTLING already waiting, or the
+        store closing). One task settles everything waiting, one tail read per chain per round."""
+        item = _Settling(correction, uncertain, done, SETTLE_ATTEMPTS)
+        if len(self._settling) >= MAX_SETTLING:
+            item.finish("unknown")
+            return
+        self._settling.append(item)
+        if self._settler is None or self._settler.done():
+            self._settler = asyncio.get_running_loop().create_task(self._settle_all())
 
-    async def _settle(self, correction: ReceiptFields, uncertain: tuple[str, str]) -> str:
-        for _ in range(SETTLE_ATTEMPTS):
-            await asyncio.sleep(SETTLE_INTERVAL_SECONDS)
-            try:
-                found = await self._appended(correction.tenant, *uncertain)
-                if found is None:
-                    return "unknown"
-                if not found:
-                    return "absent"
-                await self.append(correction)
-            except ReceiptError:
+    async def _settle_all(self) -> None:
+        try:
+            while self._settling:
+                await asyncio.sleep(SETTLE_INTERVAL_SECONDS)
+                for tenant in sorted({item.correction.tenant for item in self._settling}):
+                    waiting = [item for item in self._settling if item.correction.tenant == tenant]
+                    with contextlib.suppress(ReceiptError):  # Redis not answering: next round
+                        await self._settle_tenant(tenant, waiting)
+                    for item in waiting:
+                        item.attempts -= 1
+                        if item.outcome is None and item.attempts <= 0:
+                            item.outcome = "unknown"
+                        if item.outcome is not None:
+                            self._settling.remove(item)
+                            item.finish(item.outcome)
+        finally:
+            for item in self._settling:
+                item.finish("unknown")
+            self._settling.clear()
+
+    async def _settle_tenant(self, tenant: str, waiting: list[_Settling]) -> None:
+        """One round for one chain: read its tail once, then append what each exchange needs."""
+        wanted = {h for item in waiting for h in (*item.link, *(item.written or ()))}
+        seen, whole = await self._tail_hashes(tenant, wanted)
+        for item in waiting:
+            if item.written is not None and item.written[1] in seen:
+                item.outcome = item.written_outcome  # an earlier round's append got in after all
                 continue
-            return "corrected"
-        return "unknown"
+            if item.link[1] in seen:
+                record, outcome = item.correction, "corrected"
+            elif item.link[0] in seen or whole:
+                # Not after its prev, or not in the whole chain: it never got in. The exchange's
+                # own record, the refusal, is all there is to write.
+                record, outcome = replace(item.correction, exchange=None), "recorded"
+            else:
+                item.outcome = "unknown"  # further back than SETTLE_SCAN records
+                continue
+            try:
+                await self.append(record)
+            except ReceiptError as exc:
+                if exc.uncertain:  # it may be in: the next round looks before writing again
+                    item.written, item.written_outcome = exc.uncertain[0], outcome
+                continue
+            item.outcome = outcome
 
-    async def _appended(self, tenant: str, prev: str, digest: str) -> bool | None:
-        """Whether the record `digest` chained to `prev` is in the chain, read back from the tail:
-        True at it, False at `prev` (it would come right after `prev`) or the chain's start, None
-        past SETTLE_SCAN records."""
-        stream, end, read = self.stream_key(tenant), "+", 0
-        wanted, before = digest.encode("ascii"), prev.encode("ascii")
+    async def _tail_hashes(self, tenant: str, wanted: set[str]) -> tuple[set[str], bool]:
+        """The hashes of `wanted` found among the chain's last SETTLE_SCAN records, and whether
+        the read reached the chain's first record."""
+        stream, end, read, found = self.stream_key(tenant), "+", 0, set()
+        targets = {h.encode("ascii") for h in wanted}
         while read < SETTLE_SCAN:
             batch = await self._call(self._redis.xrevrange(stream, end, "-", count=VERIFY_BATCH))
             for _, entry in batch:
                 read += 1
-                if entry.get(b"h") == wanted:
-                    return True
-                if entry.get(b"h") == before:
-                    return False
+                digest = entry.get(b"h")
+                if digest in targets:
+                    found.add(_text(digest))
             if len(batch) < VERIFY_BATCH:
-                return False
+                return found, True
             end = f"({_text(batch[-1][0])}"
-        return None
+        return found, False
 
     # ---- verify -------------------------------------------------------------------------------
 
@@ -762,6 +867,9 @@ class ReceiptStore:
         appending meanwhile never look like a head mismatch; the walk stops at that entry.
         """
         stream, head_key = self.stream_key(tenant), self.head_key(tenant)
+        if tenant in self._vanished:
+            # This process appended to a chain that later started again from nothing.
+            return VerifyResult(tenant, False, 0, None, GENESIS, "0-0", "vanished")
         tail_value, head_value = await self._call(self._snapshot_script(keys=[stream, head_key]))
         tail_id = _text(tail_value) if tail_value is not None else None
         head = _text(head_value) if head_value is not None else None
@@ -801,9 +909,10 @@ class ReceiptStore:
 
     async def tenants(self) -> list[str]:
         """Every tenant with a chain (a key under this prefix: a SCAN of the server, or of every
-        primary of a cluster), and every tenant this store has verified a record of: a chain
-        deleted whole since then is still asked about, and its verification fails."""
-        found: set[str] = set(self._checkpoints)
+        primary of a cluster), and every tenant this store has verified or appended a record of:
+        a chain deleted whole since then is still asked about, and its verification fails."""
+        found: set[str] = {*self._checkpoints, *self._vanished}
+        found.update(tenant for tenant, head in self._confirmed.items() if head != GENESIS)
         pattern = f"{self._prefix}:{{*}}:*"
 
         async def scan() -> None:

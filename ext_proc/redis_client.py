@@ -181,7 +181,16 @@ def connect(url: str | RedisTarget, *, timeout: float, retries: int) -> RedisCli
     if retries < 0:
         raise ValueError("retries must be 0 or more")
     target = url if isinstance(url, RedisTarget) else parse_url(url)
-    common: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
+    # A connection is ready once connected: RESP2 (no HELLO, and no CLIENT MAINT_NOTIFICATIONS,
+    # which redis-py sends on RESP3 connections), no CLIENT SETINFO (driver_info None). After a
+    # timeout redis-py drops the connection, and each of those would be one more round trip inside
+    # the next command's budget: on a slow Redis every append timed out, for good.
+    common: dict[str, Any] = {
+        "socket_timeout": timeout,
+        "socket_connect_timeout": timeout,
+        "driver_info": None,
+        "protocol": 2,
+    }
     if target.topology == "server":
         try:
             return Redis.from_url(target.url, retry=Retry(NoBackoff(), retries), **common)

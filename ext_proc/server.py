@@ -159,6 +159,7 @@ async def watch_policies(
         except Exception as exc:  # a bug here must not end reloading for good: keep the set, say so
             runtime.metrics.inc("cordon_policy_reload_errors_total")
             log.error(json.dumps({"event": "policy_reload_failed", "error": type(exc).__name__}))
+            signature = ()  # and try again at the next poll
             continue
         log_policy_errors(runtime, errors)
         if policies != runtime.policies:

@@ -237,8 +237,9 @@ class LateRedisReplies:
 
     def __init__(self, port: int) -> None:
         self.port = port
-        self.delay = 0.0
-        self.held = 0  # answers held back so far
+        self.delay = 0.0  # how long an append's answer is held back
+        self.every = 0.0  # how long every answer is held back (a slow Redis)
+        self.held = 0  # answers of appends held back so far
         self.url = ""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -281,6 +282,8 @@ class LateRedisReplies:
         await relay(self.port, client_r, client_w, self._on_reply)
 
     async def _on_reply(self, data: bytes) -> bool:
+        if self.every:
+            await asyncio.sleep(self.every)
         if self.delay and data.startswith(self.APPENDED):
             header_end = data.find(b"\r\n") + 2
             if data[header_end : header_end + 4] == self.APPENDED_STATUS:

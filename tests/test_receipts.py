@@ -931,8 +931,8 @@ def test_an_unanswered_append_names_its_record_and_is_settled(
     redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An answer held back past the timeout: the ReceiptError names the record's link; the record
-    is in the chain, so settling appends the correction after it; a link that never reached the
-    chain settles as absent and appends nothing."""
+    is in the chain, so settling appends the correction after it; for a link that never reached
+    the chain the refusal's own record is appended (without `exchange`)."""
     monkeypatch.setattr(receipts, "SETTLE_INTERVAL_SECONDS", 0.01)
     port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
 
@@ -955,14 +955,16 @@ def test_an_unanswered_append_names_its_record_and_is_settled(
             ]
             correction = fields("late", 1, exchange=digest)
             store.settle_later(correction, (prev, digest), outcomes.append)
-            store.settle_later(fields("late", 2), (first.hash, "f" * 64), outcomes.append)
+            # A record that never got in: the refusal is written without `exchange`.
+            store.settle_later(fields("late", 2, exchange="f" * 64), (first.hash, "f" * 64), outcomes.append)
             for _ in range(300):
                 if len(outcomes) == 2:
                     break
                 await asyncio.sleep(0.01)
-            assert sorted(outcomes) == ["absent", "corrected"]
+            assert outcomes == ["corrected", "recorded"]
             stored = [json.loads(entry[b"r"]) for _, entry in await entries(redis_url, "late")]
-            assert len(stored) == 3 and stored[2]["exchange"] == digest
+            assert len(stored) == 4 and stored[2]["exchange"] == digest
+            assert stored[3]["counts"] == {"EMAIL": 2} and "exchange" not in stored[3]
         finally:
             await store.aclose()
 
@@ -983,3 +985,120 @@ def test_each_caller_of_a_failed_batch_gets_its_own_uncertain_link() -> None:
     assert [error.uncertain for error in errors if isinstance(error, ReceiptError)] == [
         ((GENESIS, str(n) * 64),) for n in range(3)
     ]
+
+
+def test_a_correction_answered_late_itself_is_not_written_twice(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The correction's own append runs but its answer comes late too (after other traffic moved
+    the head): the next round finds it in the chain and does not append it again."""
+    monkeypatch.setattr(receipts, "SETTLE_INTERVAL_SECONDS", 0.05)
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+
+    async def scenario(late: LateRedisReplies) -> None:
+        store = ReceiptStore.from_url(late.url, timeout=0.25)
+        outcomes: list[str] = []
+        try:
+            await store.append(fields("twice-late", 0))
+            late.delay = 0.4
+            with pytest.raises(ReceiptError) as failed:
+                await store.append(fields("twice-late", 1))
+            link = failed.value.uncertain[0]
+            late.delay = 0.0
+            await asyncio.sleep(0.3)
+            await store.append(fields("twice-late", 5))  # another exchange, answered in time
+            late.delay, held = 0.4, late.held  # the correction's first append: in, answered late
+            store.settle_later(fields("twice-late", 1, exchange=link[1]), link, outcomes.append)
+            for _ in range(300):
+                if late.held > held:
+                    break
+                await asyncio.sleep(0.01)
+            late.delay = 0.0
+            for _ in range(300):
+                if outcomes:
+                    break
+                await asyncio.sleep(0.01)
+            assert outcomes == ["corrected"]
+            stored = [json.loads(entry[b"r"]) for _, entry in await entries(redis_url, "twice-late")]
+            assert [record.get("exchange") for record in stored].count(link[1]) == 1
+        finally:
+            await store.aclose()
+
+    with LateRedisReplies(port) as late:
+        run(scenario(late))
+    assert run(verify(redis_url, "twice-late")).ok
+
+
+def test_a_slow_redis_after_a_stall_is_recovered_from(redis_url: str) -> None:
+    """A one-second stall, then every answer 130 ms late (timeout 250 ms): appends succeed again at
+    once. (A failure used to drop Redis's clock, so every later append paid a TIME round trip and
+    a reconnect inside its own budget, timed out, and dropped the clock again: all refused.)"""
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+
+    async def scenario(late: LateRedisReplies) -> tuple[int, int]:
+        store = ReceiptStore.from_url(late.url, timeout=0.25)
+        try:
+            await store.append(fields("slow"))
+            late.every = 1.0
+            with pytest.raises(ReceiptError):
+                await store.append(fields("slow", 1))
+            late.every = 0.13
+            outcomes = []
+            for n in range(10):
+                try:
+                    await store.append(fields("slow", n + 2))
+                    outcomes.append(True)
+                except ReceiptError:
+                    outcomes.append(False)
+            late.every = 0.0
+            return outcomes.count(True), outcomes[-5:].count(True)
+        finally:
+            await store.aclose()
+
+    with LateRedisReplies(port) as late:
+        appended, last_five = run(scenario(late))
+    assert last_five == 5 and appended >= 8, (appended, last_five)
+
+
+def test_settling_is_bounded_and_says_what_it_gave_up(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(receipts, "MAX_SETTLING", 2)
+    monkeypatch.setattr(receipts, "SETTLE_INTERVAL_SECONDS", 60.0)  # nothing settles on its own
+
+    async def scenario() -> list[str]:
+        store = ReceiptStore.from_url(redis_url, timeout=0.25)
+        outcomes: list[str] = []
+        for n in range(3):
+            store.settle_later(fields("bounded", n), (GENESIS, str(n) * 64), outcomes.append)
+        assert outcomes == ["unknown"]  # the third: more than MAX_SETTLING waiting
+        await store.aclose()  # closing: the two waiting stay unknown, and say so
+        return outcomes
+
+    assert run(scenario()) == ["unknown"] * 3
+
+
+def test_a_chain_restarted_under_a_writer_is_reported(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker appended to a chain that was then deleted (or lost with a Redis restarted without
+    its data): its next append starts a new chain, which it logs, and its admin query says the
+    chain vanished instead of answering from the new one."""
+
+    async def scenario() -> tuple[receipts.VerifyResult, list[str]]:
+        store = ReceiptStore.from_url(redis_url, timeout=1.0)
+        client = Redis.from_url(redis_url)
+        try:
+            for n in range(3):
+                await store.append(fields("vanish", n))
+            await client.delete("cordon:{vanish}:stream", "cordon:{vanish}:head")
+            assert (await store.append(fields("vanish", 9))).prev == GENESIS
+            return await store.verify("vanish"), await store.tenants()
+        finally:
+            await store.aclose()
+            await client.aclose()
+
+    with caplog.at_level("ERROR", logger="cordon.receipts"):
+        result, tenants = run(scenario())
+    assert not result.ok and result.reason == "vanished" and "vanish" in tenants
+    assert any("receipt_chain_restarted" in message for message in caplog.messages)
