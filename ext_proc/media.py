@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import regex
 
-Source = Literal["base64", "data_url", "url", "file_id", "reference"]
+Source = Literal["base64", "data_url", "url", "file_id", "reference", "text"]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -46,6 +46,7 @@ BINARY_DATA_URL = regex.compile(
     r"(?i)data:(?:(?:image|audio|video)/[a-z0-9.+\-]+|application/(?:pdf|octet-stream));base64,"
 )
 _BASE64 = regex.compile(r"[A-Za-z0-9+/=\s]*")
+_BASE64_UNBROKEN = regex.compile(r"[A-Za-z0-9+/]*={0,2}")
 
 
 def is_base64(value: str, start: int = 0) -> bool:
@@ -79,9 +80,10 @@ def is_media_base64(token: str) -> bool:
 
 
 def is_media_payload(value: str) -> bool:
-    """`value`, whole, is a media file's bytes: base64 (bare, or after a binary data: URL's
-    prefix) of at least MEDIA_MIN_LENGTH characters whose first bytes are a magic number. Wherever
-    it sits (a tool's input), there is no text in it, only the letters base64 happens to spell."""
+    """`value`, whole, is a media file's bytes: base64 without any whitespace (bare, or after a
+    binary data: URL's prefix) of at least MEDIA_MIN_LENGTH characters whose first bytes are a
+    magic number. Wherever it sits (a tool's input), there is no text in it, only the letters
+    base64 happens to spell. (Words written after a PNG's base64, spaces between them, are text.)"""
     start = 0
     if value[:5].lower() == "data:":
         m = BINARY_DATA_URL.match(value[:200])
@@ -91,7 +93,7 @@ def is_media_payload(value: str) -> bool:
     return (
         len(value) - start >= MEDIA_MIN_LENGTH
         and is_media_base64(value[start : start + 24])
-        and is_base64(value, start)
+        and _BASE64_UNBROKEN.fullmatch(value, start) is not None
     )
 
 
@@ -234,9 +236,13 @@ def _anthropic_block(block: dict[str, Any], depth: int) -> Iterator[MediaPart]:
             # A document made of blocks: its text blocks are text, its images are media.
             for inner in _dicts(source.get("content")):
                 yield from _anthropic_block(inner, depth + 1)
-        elif source_type != "text" and _str_at(source, "data"):
+        elif source_type == "text" and _str_at(source, "data"):
+            # A plain-text document: still a document (SPEC §7, every source type), so a subject
+            # request's media policy judges it; its text is read and redacted like any string.
+            yield MediaPart(kind, "text", source, "data")
+        elif _str_at(source, "data"):
             # A source type this code does not know yet, carrying data: bytes of an image or a
-            # document all the same (a `text` source is plain text, read like any other string).
+            # document all the same.
             yield MediaPart(kind, "base64", source, "data")
     elif kind == "container_upload":
         yield from _id_part("file", block, "file_id")

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import collections
 import contextlib
 import functools
 import io
@@ -65,8 +66,7 @@ MAX_IMAGE_BYTES = 20 * 1024 * 1024
 MAX_PIXELS = 40_000_000
 MAX_ROUNDS = 2
 MARGIN = 3  # px painted around each word box
-SMALL_SIDE = 700  # images whose shorter side is below this are read at 2x ...
-UPSCALE_MAX_PIXELS = 24_000_000  # ... unless that would make them larger than this
+UPSCALE_MAX_PIXELS = 24_000_000  # images are read at 1x, and at 2x too unless larger than this
 # Sauvola's adaptive threshold (tesseract >= 5.3) instead of one Otsu threshold for the whole page:
 # with one threshold, white text on a coloured banner of a light screenshot binarises into a solid
 # bar, and neither polarity reads it (20 of 24 such screenshots at 1x); adaptively, both do.
@@ -250,29 +250,34 @@ def read_words(image: Image.Image, *, timeout: float) -> list[Word]:
     """One reading: the recognised words with their boxes in `image`'s pixels.
 
     tesseract reads dark text on a light ground; a screenshot has both kinds (white text on a
-    coloured banner, a dark sidebar), so the image is read twice, as it is and inverted, each time
-    binarised adaptively (TESSERACT_CONFIG), and the words of both runs are kept (their lines
-    apart). A small image is enlarged 2x first (within UPSCALE_MAX_PIXELS).
+    coloured banner, a dark sidebar), so the image is read as it is and inverted, each time
+    binarised adaptively (TESSERACT_CONFIG). And at two scales, 1x and 2x (within
+    UPSCALE_MAX_PIXELS): each reads what the other mangles (13-14 px text on a mid-tone table
+    row comes out in fragments at 1x; at 2x a line can vanish that 1x reads). The words of every
+    run are kept, their lines apart.
     """
     gray = image if image.mode == "L" else normalize(image)
     if max(gray.size) > TESSERACT_MAX_SIDE:
         raise MaskError(f"an image side is longer than {TESSERACT_MAX_SIDE} pixels; OCR cannot read it")
     fits = gray.width * gray.height * 4 <= UPSCALE_MAX_PIXELS and max(gray.size) * 2 <= TESSERACT_MAX_SIDE
-    scale = 2 if fits and min(gray.size) < SMALL_SIDE else 1
-    if scale != 1:
-        gray = gray.resize((gray.width * scale, gray.height * scale), Image.Resampling.LANCZOS)
     deadline = time.monotonic() + timeout
     words: list[Word] = []
-    for run, view in enumerate((gray, ImageOps.invert(gray))):
-        data = _tesseract(view, deadline - time.monotonic())
-        for i, text in enumerate(data["text"]):
-            if not text or not text.strip():
-                continue
-            left, top = data["left"][i] // scale, data["top"][i] // scale
-            right = (data["left"][i] + data["width"][i] + scale - 1) // scale
-            bottom = (data["top"][i] + data["height"][i] + scale - 1) // scale
-            line = (run, data["block_num"][i], data["par_num"][i], data["line_num"][i])
-            words.append(Word(text.strip(), (left, top, right, bottom), line))
+    run = 0
+    for scale in (1, 2) if fits else (1,):
+        scaled = (
+            gray if scale == 1 else gray.resize((gray.width * 2, gray.height * 2), Image.Resampling.LANCZOS)
+        )
+        for view in (scaled, ImageOps.invert(scaled)):
+            data = _tesseract(view, deadline - time.monotonic())
+            for i, text in enumerate(data["text"]):
+                if not text or not text.strip():
+                    continue
+                left, top = data["left"][i] // scale, data["top"][i] // scale
+                right = (data["left"][i] + data["width"][i] + scale - 1) // scale
+                bottom = (data["top"][i] + data["height"][i] + scale - 1) // scale
+                line = (run, data["block_num"][i], data["par_num"][i], data["line_num"][i])
+                words.append(Word(text.strip(), (left, top, right, bottom), line))
+            run += 1
     return words
 
 
@@ -344,13 +349,17 @@ def find_words(
         return set()
     text, spans = lines_text(words)
     marked: set[int] = set()
-    for detect in detectors:
-        try:
-            findings = detect(text)
-        except (TimeoutError, DetectionError):
-            raise MaskError("detection on the recognised text did not finish") from None
-        for finding in findings:
-            marked.update(i for start, end, i in spans if start < finding.end and finding.start < end)
+    # The lines as they are, and joined into one (same offsets): a card or an email wrapped onto
+    # the next line of a screenshot is one value to a reader.
+    for reading in dict.fromkeys((text, text.replace("\n", " "))):
+        for detect in detectors:
+            try:
+                findings = detect(reading)
+            except (TimeoutError, DetectionError):
+                raise MaskError("detection on the recognised text did not finish") from None
+            for finding in findings:
+                marked.update(i for start, end, i in spans if start < finding.end and finding.start < end)
+    marked.update(_long_numbers(words))
     if fuzzy is not None:
         # Per line, on the letters and digits only, so a misread inside a split identifier is
         # still near the declared form; each hit marks every word it touches.
@@ -369,6 +378,34 @@ def find_words(
                     covered[i] = covered.get(i, 0) + 1
                 marked.update(i for i, n in covered.items() if 2 * n >= len(_core(words[i].text)))
     return marked
+
+
+def _long_numbers(words: Sequence[Word]) -> set[int]:
+    """Runs of adjacent words on one line made of digits and separators only, holding
+    LONG_NUMBER_DIGITS digits or more: a card or account number OCR misread past its pattern
+    ("41111111111 111" fails the checksum). Painting an order number too costs little."""
+    marked: set[int] = set()
+    run: list[int] = []
+    digits = 0
+
+    def close() -> None:
+        if digits >= LONG_NUMBER_DIGITS:
+            marked.update(run)
+
+    for index, word in enumerate(words):
+        numeric = bool(_NUMERIC_WORD.fullmatch(word.text))
+        if run and (not numeric or words[run[-1]].line != word.line):
+            close()
+            run, digits = [], 0
+        if numeric:
+            run.append(index)
+            digits += sum(c.isdigit() for c in word.text)
+    close()
+    return marked
+
+
+LONG_NUMBER_DIGITS = 12
+_NUMERIC_WORD = regex.compile(r"[\d\-.·/()+]*\d[\d\-.·/()+]*")
 
 
 # --- mask -------------------------------------------------------------------------------------
@@ -466,16 +503,24 @@ class PixelBudget:
         self.capacity = capacity
         self.free = capacity
         self._changed = threading.Condition()
+        self._queue: collections.deque[object] = collections.deque()  # first come, first served
 
     @contextlib.contextmanager
     def hold(self, pixels: int, deadline: float) -> Iterator[None]:
         pixels = min(pixels, self.capacity)
+        ticket = object()
         with self._changed:
-            while self.free < pixels:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise OcrTimeout("OCR did not finish within the budget (waiting for memory)")
-                self._changed.wait(remaining)
+            self._queue.append(ticket)
+            try:
+                # In arrival order: a large image is not kept waiting by a stream of small ones.
+                while self._queue[0] is not ticket or self.free < pixels:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise OcrTimeout("OCR did not finish within the budget (waiting for memory)")
+                    self._changed.wait(remaining)
+            finally:
+                self._queue.remove(ticket)
+                self._changed.notify_all()
             self.free -= pixels
         try:
             yield

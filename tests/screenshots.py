@@ -25,6 +25,7 @@ SECRET_CORES = ["marisol", "quintero", "vance", "mqexample", "4045550187", "4111
 ORDINARY = ["ticket", "delayed", "parcel", "denver", "please", "answer", "friday"]
 
 DEJAVU = Path("/usr/share/fonts/truetype/dejavu")
+CONDENSED = DEJAVU / "DejaVuSansCondensed.ttf"
 
 
 @dataclass(frozen=True)
@@ -53,8 +54,9 @@ def styles() -> list[Style]:
 
 @dataclass(frozen=True)
 class Page:
-    """A full-size screenshot: a page of ordinary lines with a full-width coloured banner whose
-    text carries the person's details (an error toast, a table header, a status bar)."""
+    """A full-size screenshot: a page of ordinary lines with a full-width coloured band whose
+    text carries the person's details: a banner (an error toast, a status bar), or the selected
+    row of a table, between two rows of other people."""
 
     name: str
     size: tuple[int, int]
@@ -64,6 +66,8 @@ class Page:
     band_ink: str
     text_px: int
     fmt: str = "PNG"
+    layout: str = "banner"  # or "row"
+    font: str | None = None  # a TrueType file; None: Pillow's bundled font
 
 
 BANNER = f"Payment failed for card {SAMPLES['CREDIT_CARD']} ({PERSON['names'][0]})"
@@ -91,20 +95,56 @@ def pages() -> list[Page]:
         Page(
             "1280x800-dark-page-light-band-png", (1280, 800), "#1e1e1e", "#e8eaed", "#e8eaed", "#202124", 16
         ),
+        Page(  # at 1x alone, "Vance" stayed legible on this row
+            "1920x1080-selected-table-row-png",
+            (1920, 1080),
+            "white",
+            "#202124",
+            "#5f6368",
+            "white",
+            14,
+            layout="row",
+            font=str(CONDENSED) if CONDENSED.exists() else None,
+        ),
     ]
 
 
+# A table's rows: the person (selected, highlighted) between two invented others.
+TABLE_ROWS = [
+    ("Jon Doe", "jon@example.org", "+1 212 555 0100", "5500 0000 0000 0004"),
+    (PERSON["names"][0], PERSON["emails"][0], PERSON["phones"][0], SAMPLES["CREDIT_CARD"]),
+    ("Ann Lee", "ann@example.org", "+1 212 555 0199", "-"),
+]
+
+
 def render_page(page: Page) -> Image.Image:
-    font = ImageFont.load_default(size=page.text_px)
+    if page.font is None:
+        font: ImageFont.FreeTypeFont | ImageFont.ImageFont = ImageFont.load_default(size=page.text_px)
+    else:
+        font = ImageFont.truetype(page.font, page.text_px)
     image = Image.new("RGB", page.size, page.page)
     draw = ImageDraw.Draw(image)
     step = int(page.text_px * 2.2)
     for i, line in enumerate(PAGE_LINES):
         draw.text((24, 80 + i * step), line, font=font, fill=page.ink)
     top = page.size[1] // 2
-    height = page.text_px * 3
-    draw.rectangle((0, top, page.size[0], top + height), fill=page.band)
-    draw.text((24, top + page.text_px), BANNER, font=font, fill=page.band_ink)
+    if page.layout == "banner":
+        draw.rectangle((0, top, page.size[0], top + page.text_px * 3), fill=page.band)
+        draw.text((24, top + page.text_px), BANNER, font=font, fill=page.band_ink)
+        return image
+    height = page.text_px * 2 + 8
+    for r, row in enumerate(TABLE_ROWS):
+        y = top + r * height
+        selected = r == 1
+        if selected:
+            draw.rectangle((10, y, page.size[0] - 10, y + height - 2), fill=page.band)
+        for x, cell in zip((20, 260, 560, 800), row, strict=True):
+            draw.text(
+                (x, y + (height - page.text_px) // 2),
+                cell,
+                font=font,
+                fill=page.band_ink if selected else page.ink,
+            )
     return image
 
 

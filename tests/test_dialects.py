@@ -346,10 +346,10 @@ MEDIA_CASES: dict[str, tuple[str, dict[str, Any], list[Expect]]] = {
         ),
         [Expect("document", "base64", (*MSG0, 0, "content", "content", "source"), "data", B64)],
     ),
-    "anthropic-document-text-is-not-media": (
+    "anthropic-document-text": (  # every source type (SPEC §7): a document, its text read as text
         "messages",
         messages(block("document", {"type": "text", "media_type": "text/plain", "data": "plain words"})),
-        [],
+        [Expect("document", "text", (*MSG0, 0, "source"), "data", "plain words")],
     ),
     "anthropic-tool-result-image": (
         "messages",

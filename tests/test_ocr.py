@@ -178,6 +178,31 @@ def test_fuzzy_marks_a_misread_identifier_but_not_its_label() -> None:
     assert ocr.find_words(words, [], FUZZY) == {1, 2}
 
 
+def test_a_long_number_misread_past_its_pattern_is_marked() -> None:
+    """A card read as "41111111111 111" fails the card checksum: runs of 12+ digits in adjacent
+    numeric words on one line are painted anyway; a short number, or digits on two lines, not."""
+    words = [
+        ocr.Word(text, (i * 10, 0, i * 10 + 8, 10), (0, 1, 1, 1))
+        for i, text in enumerate(["Card", "41111111111", "111", "on", "file"])
+    ] + [
+        ocr.Word(text, (i * 10, 12, i * 10 + 8, 20), (0, 1, 1, 2))
+        for i, text in enumerate(["Order", "2026-0042", "ref", "1234567"])
+    ]
+    assert ocr.find_words(words, [], None) == {1, 2}
+
+
+def test_a_card_wrapped_onto_the_next_line_is_marked() -> None:
+    words = [
+        ocr.Word("Card", (0, 0, 8, 10), (0, 1, 1, 1)),
+        ocr.Word("4111", (10, 0, 18, 10), (0, 1, 1, 1)),
+        ocr.Word("1111", (20, 0, 28, 10), (0, 1, 1, 1)),
+        ocr.Word("1111", (0, 12, 8, 20), (0, 1, 1, 2)),
+        ocr.Word("1111", (10, 12, 18, 20), (0, 1, 1, 2)),
+        ocr.Word("thanks", (20, 12, 28, 20), (0, 1, 1, 2)),
+    ]
+    assert ocr.find_words(words, [CATALOG.detect], None) == {1, 2, 3, 4}
+
+
 def test_an_identifier_split_across_words_is_found() -> None:
     words = [
         ocr.Word(text, (i * 10, 0, i * 10 + 8, 10), (0, 1, 1, 1))
@@ -337,6 +362,28 @@ def test_normalising_costs_a_few_bytes_per_pixel(mode: str) -> None:
     command = [sys.executable, "-c", NORMALIZE_MEMORY, mode]
     ran = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
     assert float(ran.stdout) <= 8.0, ran.stdout
+
+
+def test_the_pixel_budget_serves_images_in_arrival_order() -> None:
+    """A large image waiting is not overtaken by small ones that would still fit."""
+    budget = ocr.PixelBudget(40)
+    order: list[str] = []
+
+    def take(name: str, pixels: int) -> None:
+        with budget.hold(pixels, time.monotonic() + 5):
+            order.append(name)
+
+    with budget.hold(30, time.monotonic() + 1):
+        large = threading.Thread(target=take, args=("large", 40))
+        large.start()
+        time.sleep(0.1)
+        small = threading.Thread(target=take, args=("small", 5))  # would fit now, but comes second
+        small.start()
+        time.sleep(0.1)
+        assert order == []
+    large.join(5)
+    small.join(5)
+    assert order == ["large", "small"] and budget.free == 40
 
 
 def test_the_pixel_budget_makes_large_images_wait_their_turn() -> None:

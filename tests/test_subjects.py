@@ -995,6 +995,17 @@ def test_short_forms_are_not_found_in_the_base64_of_a_media_file() -> None:
     assert any(compiled.detect(blob + "!") for blob in blobs)  # "!": no longer base64
 
 
+def test_words_after_media_base64_are_text() -> None:
+    """The exemption holds for unbroken base64 only: short forms written after a PNG's base64,
+    with spaces, are looked for as in any text."""
+    compiled = compiled_for({"subjects": [{"names": ["Bo Wu"], "ids": ["Q7X4"]}]})
+    blob = media_blob(random.Random(9), 3_000)
+    for text in (blob + " Patient Bo Wu id Q7X4", blob + "\nBo Wu"):
+        assert compiled.first_survivor(text) is not None
+        assert compiled.detect(text)
+    assert subjects_module.is_media_payload(blob) and not subjects_module.is_media_payload(blob + " x")
+
+
 def test_a_whole_identifier_written_into_media_base64_is_still_found() -> None:
     compiled = person_subjects()
     blob = media_blob(random.Random(8), 3_000)
