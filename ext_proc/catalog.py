@@ -1665,10 +1665,16 @@ class Catalog:
         return list(MEMO(("catalog", self.sets, self.options), text, self._detect_checked))
 
     def _detect_checked(self, text: str) -> tuple[Finding, ...]:
-        try:
-            return tuple(self._detect(text))
-        except TimeoutError:
-            raise DetectionError("catalog regex timed out") from None
+        # A regex timeout is wall-clock time: a process starved of CPU (or of the GIL) for a
+        # quarter of a second times out on a few bytes. One second try tells such a stall from a
+        # pattern that runs away on its input, which times out again.
+        for attempt in range(2):
+            try:
+                return tuple(self._detect(text))
+            except TimeoutError:
+                if attempt:
+                    raise DetectionError("catalog regex timed out") from None
+        raise AssertionError("unreachable")
 
     def _detect(self, original: str) -> list[Finding]:
         prepared = _prepare(original)

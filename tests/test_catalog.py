@@ -495,6 +495,30 @@ def test_regex_timeout_raises_detection_error(monkeypatch: pytest.MonkeyPatch) -
     assert "1 2-3" not in str(raised.value) and "a@" not in str(raised.value)
 
 
+def test_a_timeout_once_is_a_stall_twice_a_detection_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A regex timeout is wall-clock: a starved process can time out on a few bytes. The scan is
+    tried once more; a second timeout (a pattern that really runs away) is a DetectionError."""
+    calls: list[str] = []
+    real = catalog.Catalog._detect
+
+    def stalled_once(self: catalog.Catalog, text: str) -> list[Finding]:
+        calls.append(text)
+        if len(calls) == 1:
+            raise TimeoutError("regex timed out")
+        return real(self, text)
+
+    monkeypatch.setattr(catalog.Catalog, "_detect", stalled_once)
+    assert [f.kind for f in ALL.detect("mail jane.roe@example.com now, 1")] == ["EMAIL"]
+    assert len(calls) == 2
+
+    def always(self: catalog.Catalog, text: str) -> list[Finding]:
+        raise TimeoutError("regex timed out")
+
+    monkeypatch.setattr(catalog.Catalog, "_detect", always)
+    with pytest.raises(DetectionError):
+        ALL.detect("mail jane.roe@example.com now, 2")
+
+
 @pytest.mark.parametrize(
     "adversarial",
     [
