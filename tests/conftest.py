@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+import redis
 
 from ext_proc.memo import MEMO
 from tests.fake_upstream import FakeUpstream
@@ -27,6 +28,17 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
 @pytest.fixture
 def upstream(stack: RunningStack) -> FakeUpstream:
     """The session's fake upstream, emptied and back to its default behaviour for each test."""
-    stack.upstream.clear()
-    stack.upstream.set_behaviour()
+    stack.upstream.reset()
     return stack.upstream
+
+
+@pytest.fixture
+def acl(fresh: RunningStack) -> Iterator[redis.Redis]:
+    """The Redis of the module's `fresh` stack, with the default user's rights put back after the
+    test (a test narrows them to make the vault or the registry fail)."""
+    assert fresh.redis is not None
+    with redis.Redis.from_url(fresh.redis.url) as r:
+        try:
+            yield r
+        finally:
+            r.execute_command("ACL", "SETUSER", "default", "on", "nopass", "resetkeys", "~*", "+@all")

@@ -1329,6 +1329,11 @@ class FakeUpstream:
         with self._cond:
             self._received.clear()
 
+    def reset(self) -> None:
+        """Forget the recorded requests and go back to the default behaviours (between tests)."""
+        self.clear()
+        self.reset_behaviour()
+
     def take(self) -> list[Received]:
         """The recorded requests, forgotten in the same step (a long run checks them and drops
         them, so none is lost between a read and a clear and none piles up)."""

@@ -86,6 +86,21 @@ def write_policies(directory: Path, extra: Mapping[str, str] | None = None) -> N
         (directory / f"{name}.yaml").write_text(f'tenant: {name}\napiKeys: ["sha256:{digest}"]\n{knob}\n')
 
 
+@contextlib.contextmanager
+def two_stacks(
+    tmp: Path, *, tenants: Mapping[str, str] | None = None, **extra: str
+) -> Iterator[tuple[RunningStack, RunningStack]]:
+    """Two independent stacks (each its own supervisor, workers and Envoy) on one Redis and one
+    fake upstream, as two replicas of a deployment would be."""
+    with (
+        redis_server(tmp / "shared") as server,
+        FakeUpstream() as upstream,
+        running_stack(tmp / "a", redis=server, upstream=upstream, tenants=tenants, **extra) as a,
+        running_stack(tmp / "b", redis=server, upstream=upstream, tenants=tenants, **extra) as b,
+    ):
+        yield a, b
+
+
 class RedisProcess:
     """A real redis-server on a free loopback port that a test may kill and start again.
 

@@ -19,6 +19,15 @@ def client(stack: RunningStack) -> redis.Redis:
     return redis.Redis.from_url(stack.redis.url)
 
 
+# ACL key patterns of the receipt chains (stream, head, turn token, per-call keys).
+RECEIPT_KEY_PATTERNS = [f"~cordon:{{*}}:{part}" for part in ("stream", "head", "turn", "call:*")]
+
+
+def allow_receipt_keys_only(r: redis.Redis) -> None:
+    """The default user may reach the receipt keys and no other: vault and registry writes fail."""
+    r.execute_command("ACL", "SETUSER", "default", "resetkeys", *RECEIPT_KEY_PATTERNS)
+
+
 def stream_key(tenant: str) -> str:
     return f"cordon:{{{tenant}}}:stream"
 

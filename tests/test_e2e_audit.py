@@ -28,8 +28,15 @@ from tests.e2e_support import (
     request,
     wait_for,
 )
-from tests.fake_upstream import FakeUpstream
-from tests.harness import ADMIN_TOKEN, KEYS, LateRedisReplies, RunningStack, redis_server, running_stack
+from tests.harness import (
+    ADMIN_TOKEN,
+    KEYS,
+    LateRedisReplies,
+    RunningStack,
+    redis_server,
+    running_stack,
+    two_stacks,
+)
 from tests.receipt_support import record_for, records, stream_key, verify
 
 pytestmark = pytest.mark.e2e
@@ -162,12 +169,7 @@ def test_two_servers_on_one_redis_make_one_chain(tmp_path: Path) -> None:
     append can wait past the default 250 ms for the CPU alone, which the stack rightly refuses
     (503 audit). This test is about the chain under concurrency, so its stacks wait longer."""
     patient = {"REDIS_TIMEOUT_MS": "3000"}
-    with (
-        redis_server(tmp_path / "shared") as server,
-        FakeUpstream() as upstream,
-        running_stack(tmp_path / "a", redis=server, upstream=upstream, **patient) as a,
-        running_stack(tmp_path / "b", redis=server, upstream=upstream, **patient) as b,
-    ):
+    with two_stacks(tmp_path, **patient) as (a, b):
         ports = [a.settings.listen_port, b.settings.listen_port]
 
         def one(i: int) -> str:

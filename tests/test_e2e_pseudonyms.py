@@ -41,17 +41,16 @@ from tests.e2e_support import (
     request,
     wait_for,
 )
-from tests.fake_upstream import FakeUpstream
 from tests.harness import (
     KEYS,
     TENANT_SECRET,
     RunningStack,
-    redis_server,
     running_stack,
     stack_env,
+    two_stacks,
     write_policies,
 )
-from tests.receipt_support import everything_in_redis, record_for
+from tests.receipt_support import allow_receipt_keys_only, everything_in_redis, record_for
 
 pytestmark = pytest.mark.e2e
 
@@ -189,8 +188,7 @@ def vaulted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
 
 @pytest.fixture
 def fresh(vaulted: RunningStack) -> RunningStack:
-    vaulted.upstream.clear()
-    vaulted.upstream.set_behaviour()
+    vaulted.upstream.reset()
     return vaulted
 
 
@@ -347,17 +345,6 @@ def test_vault_holds_no_plaintext_and_expires(fresh: RunningStack) -> None:
 # --- the vault failing ------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def acl(fresh: RunningStack) -> Iterator[redis.Redis]:
-    """The stack's Redis, with the default user's rights put back after the test."""
-    assert fresh.redis is not None
-    with redis.Redis.from_url(fresh.redis.url) as r:
-        try:
-            yield r
-        finally:
-            r.execute_command("ACL", "SETUSER", "default", "on", "nopass", "resetkeys", "~*", "+@all")
-
-
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 @pytest.mark.parametrize("dialect", DIALECTS)
 def test_vault_unreadable_on_the_reply_side(
@@ -385,8 +372,7 @@ def test_vault_unwritable_refuses_the_request(fresh: RunningStack, acl: redis.Re
     """The vault keys refused, the receipt keys allowed: the request is refused 503 at stage
     `vault`, the upstream never called, and the receipt records the refusal. failMode does not
     matter; a request with nothing to store still goes through."""
-    receipt_keys = [f"~cordon:{{*}}:{part}" for part in ("stream", "head", "turn", "call:*")]
-    acl.execute_command("ACL", "SETUSER", "default", "resetkeys", *receipt_keys)
+    allow_receipt_keys_only(acl)
     headers = {"authorization": f"Bearer {KEYS['pseudonyms']}"}
     for stream in (False, True):
         reply = request(fresh.settings.listen_port, "POST", CHAT, chat_body(SENTENCE, stream=stream), headers)
@@ -410,16 +396,7 @@ def test_vault_unwritable_refuses_the_request(fresh: RunningStack, acl: redis.Re
 def test_two_servers_share_the_vault(tmp_path: Path) -> None:
     """Turn 1 through one server, turn 2 through another (own supervisor, own workers): same
     placeholder for the same value, and the second restores the first's."""
-    with (
-        redis_server(tmp_path / "shared") as server,
-        FakeUpstream() as upstream,
-        running_stack(
-            tmp_path / "a", redis=server, upstream=upstream, tenants=TENANTS, TENANT_SECRET=TENANT_SECRET
-        ) as a,
-        running_stack(
-            tmp_path / "b", redis=server, upstream=upstream, tenants=TENANTS, TENANT_SECRET=TENANT_SECRET
-        ) as b,
-    ):
+    with two_stacks(tmp_path, tenants=TENANTS, TENANT_SECRET=TENANT_SECRET) as (a, b):
         email = "two.servers@example.com"
         placeholder, first = turn_one(a, "responses", email)
         ask(b, "chat", f"Also {email}", stream=False)

@@ -28,17 +28,17 @@ from ext_proc.subject_header import encode_subject_header
 from ext_proc.surrogates import FAMILY_NAMES, GIVEN_NAMES, SURROGATE_DOMAIN, date_shift_days
 from ext_proc.vault import derive_keys
 from tests.e2e_support import PERSON, SAMPLES, SENTENCE, chat_body, last_sent, leaked, request
-from tests.fake_upstream import ECHO_PREFIX, FakeUpstream
+from tests.fake_upstream import ECHO_PREFIX
 from tests.harness import (
     KEYS,
     TENANT_SECRET,
     RunningStack,
-    redis_server,
     running_stack,
     stack_env,
+    two_stacks,
     write_policies,
 )
-from tests.receipt_support import everything_in_redis, record_for
+from tests.receipt_support import allow_receipt_keys_only, everything_in_redis, record_for
 from tests.test_e2e_pseudonyms import ask
 
 pytestmark = pytest.mark.e2e
@@ -65,8 +65,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
 
 @pytest.fixture
 def fresh(stack: RunningStack) -> RunningStack:
-    stack.upstream.clear()
-    stack.upstream.set_behaviour()
+    stack.upstream.reset()
     return stack
 
 
@@ -194,19 +193,8 @@ def test_redis_holds_no_value(fresh: RunningStack) -> None:
         assert all(0 < r.ttl(k) <= TTL for k in keys)
 
 
-@pytest.fixture
-def acl(fresh: RunningStack) -> Iterator[redis.Redis]:
-    assert fresh.redis is not None
-    with redis.Redis.from_url(fresh.redis.url) as r:
-        try:
-            yield r
-        finally:
-            r.execute_command("ACL", "SETUSER", "default", "on", "nopass", "resetkeys", "~*", "+@all")
-
-
 def test_a_registry_that_cannot_be_written_refuses_the_request(fresh: RunningStack, acl: redis.Redis) -> None:
-    receipt_keys = [f"~cordon:{{*}}:{part}" for part in ("stream", "head", "turn", "call:*")]
-    acl.execute_command("ACL", "SETUSER", "default", "resetkeys", *receipt_keys)
+    allow_receipt_keys_only(acl)
     headers = {"authorization": f"Bearer {KEYS['surrogate']}"}
     for stream in (False, True):
         reply = request(fresh.settings.listen_port, "POST", CHAT, chat_body(SENTENCE, stream=stream), headers)
@@ -221,16 +209,7 @@ def test_a_registry_that_cannot_be_written_refuses_the_request(fresh: RunningSta
 
 
 def test_two_servers_on_one_redis_agree(tmp_path: Path) -> None:
-    with (
-        redis_server(tmp_path / "shared") as server,
-        FakeUpstream() as upstream,
-        running_stack(
-            tmp_path / "a", redis=server, upstream=upstream, tenants=TENANTS, TENANT_SECRET=TENANT_SECRET
-        ) as a,
-        running_stack(
-            tmp_path / "b", redis=server, upstream=upstream, tenants=TENANTS, TENANT_SECRET=TENANT_SECRET
-        ) as b,
-    ):
+    with two_stacks(tmp_path, tenants=TENANTS, TENANT_SECRET=TENANT_SECRET) as (a, b):
         ask(a, "responses", SENTENCE, stream=False, tenant="surrogate")
         first = last_sent(a)
         ask(b, "chat", SENTENCE, stream=True, tenant="surrogate")

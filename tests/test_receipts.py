@@ -684,12 +684,8 @@ def test_missing_head_with_records_refuses_instead_of_forking(redis_url: str) ->
 def debug_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisProcess]:
     """A Redis for DEBUG SLEEP (busy for a while, then answering everything queued); the wheel's
     Redis 6.2 allows DEBUG without `enable-debug-command`."""
-    server = RedisProcess(tmp_path_factory.mktemp("debug-redis"))
-    server.start()
-    try:
+    with redis_server(tmp_path_factory.mktemp("debug-redis")) as server:
         yield server
-    finally:
-        server.stop()
 
 
 async def _sleep_redis(url: str, seconds: float) -> None:

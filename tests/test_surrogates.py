@@ -46,7 +46,7 @@ from ext_proc.vault import (
     surrogate_entry,
     surrogate_id,
 )
-from tests.harness import RedisProcess
+from tests.harness import RedisProcess, redis_server
 
 T = TypeVar("T")
 SECRET = "surrogate-test-secret-0123456789abcdefghij"
@@ -245,12 +245,8 @@ def test_intervals_between_dates_survive(a: dt.date, b: dt.date, form: str) -> N
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisProcess]:
-    process = RedisProcess(tmp_path_factory.mktemp("surrogate-redis"))
-    process.start()
-    try:
+    with redis_server(tmp_path_factory.mktemp("surrogate-redis")) as process:
         yield process
-    finally:
-        process.stop()
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from redis.crc import key_slot
 
 from ext_proc.placeholders import PseudonymMap
 from ext_proc.vault import Vault, VaultError, derive_keys, seal, unseal
-from tests.harness import RedisProcess, free_port
+from tests.harness import RedisProcess, free_port, redis_server
 from tests.test_redis_topologies import Topology, cluster  # noqa: F401  (a fixture: a real Redis Cluster)
 
 T = TypeVar("T")
@@ -83,12 +83,8 @@ def test_an_entry_opens_only_for_its_tenant_and_placeholder() -> None:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisProcess]:
-    process = RedisProcess(tmp_path_factory.mktemp("vault-redis"))
-    process.start()
-    try:
+    with redis_server(tmp_path_factory.mktemp("vault-redis")) as process:
         yield process
-    finally:
-        process.stop()
 
 
 @pytest.fixture
