@@ -9,7 +9,7 @@ import redis
 
 from ext_proc.memo import MEMO
 from tests.fake_upstream import FakeUpstream
-from tests.harness import RunningStack, running_stack
+from tests.harness import RedisProcess, RunningStack, redis_server, running_stack
 
 
 @pytest.fixture(autouse=True)
@@ -30,6 +30,21 @@ def upstream(stack: RunningStack) -> FakeUpstream:
     """The session's fake upstream, emptied and back to its default behaviour for each test."""
     stack.upstream.reset()
     return stack.upstream
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisProcess]:
+    """A real redis-server of the module's own (the vault and registry unit tests)."""
+    with redis_server(tmp_path_factory.mktemp("redis")) as process:
+        yield process
+
+
+@pytest.fixture
+def client(server: RedisProcess) -> Iterator[redis.Redis]:
+    """A client of the module's `server`, which it empties first."""
+    with redis.Redis.from_url(server.url) as r:
+        r.flushall()
+        yield r
 
 
 @pytest.fixture

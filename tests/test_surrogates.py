@@ -11,7 +11,7 @@ import datetime as dt
 import ipaddress
 import json
 import string
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import pytest
@@ -46,7 +46,7 @@ from ext_proc.vault import (
     surrogate_entry,
     surrogate_id,
 )
-from tests.harness import RedisProcess, redis_server
+from tests.harness import RedisProcess
 
 T = TypeVar("T")
 SECRET = "surrogate-test-secret-0123456789abcdefghij"
@@ -241,19 +241,6 @@ def test_intervals_between_dates_survive(a: dt.date, b: dt.date, form: str) -> N
 
 
 # --- the registry (a real Redis) ------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisProcess]:
-    with redis_server(tmp_path_factory.mktemp("surrogate-redis")) as process:
-        yield process
-
-
-@pytest.fixture
-def client(server: RedisProcess) -> Iterator[redis.Redis]:
-    with redis.Redis.from_url(server.url) as r:
-        r.flushall()
-        yield r
 
 
 async def claim(

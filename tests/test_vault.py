@@ -6,7 +6,7 @@ second write does, entries that do not decrypt, and Redis down or slow.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -16,7 +16,7 @@ from redis.crc import key_slot
 
 from ext_proc.placeholders import PseudonymMap
 from ext_proc.vault import Vault, VaultError, derive_keys, seal, unseal
-from tests.harness import RedisProcess, free_port, redis_server
+from tests.harness import RedisProcess, free_port
 from tests.test_redis_topologies import Topology, cluster  # noqa: F401  (a fixture: a real Redis Cluster)
 
 T = TypeVar("T")
@@ -79,19 +79,6 @@ def test_an_entry_opens_only_for_its_tenant_and_placeholder() -> None:
 
 
 # --- the Redis store ----------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisProcess]:
-    with redis_server(tmp_path_factory.mktemp("vault-redis")) as process:
-        yield process
-
-
-@pytest.fixture
-def client(server: RedisProcess) -> Iterator[redis.Redis]:
-    with redis.Redis.from_url(server.url) as r:
-        r.flushall()
-        yield r
 
 
 async def put_then_get(
