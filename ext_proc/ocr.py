@@ -194,9 +194,9 @@ def normalize(image: Image.Image) -> Image.Image:
     (text drawn only in the alpha channel, red on green of equal luminance, a 16-bit image whose
     values a reader would clip, a sideways photo). The price: a masked image goes out in grey.
 
-    Memory: beside the decoded image, at most about 5 bytes per pixel (grey and alpha, their
-    split, the white ground), whatever the mode; a 40-megapixel RGBA image costs some 200 MB here,
-    not 600.
+    Memory: beside the decoded image, about 6 bytes per pixel at the peak (grey and alpha, their
+    split, the white ground), whatever the mode; a 40-megapixel RGBA image costs some 240 MB here,
+    not 640 (tests/test_ocr.py measures it).
     """
     if image.getexif().get(0x0112, 1) != 1:
         image = ImageOps.exif_transpose(image) or image  # a copy: only when it must turn

@@ -438,7 +438,8 @@ SETTLE_INTERVAL_SECONDS = 1.0  # settle_later: between two looks at the chains
 SETTLE_ATTEMPTS = 60  # ... for about a minute
 SETTLE_SCAN = 10_000  # ... reading back at most this many records from a chain's tail
 MAX_SETTLING = 1024  # exchanges waiting to be settled at once; more are given up (`unknown`)
-CLOCK_RETRY_SECONDS = 1.0  # a clock measured again in the background: between two tries
+CLOCK_RETRY_SECONDS = 1.0  # a clock measured again in the background: between two tries ...
+CLOCK_RETRIES = 60  # ... for about a minute
 _PREV_FIELD = b'"prev":"'
 FENCE_MARGIN_MS = 20  # the script gives up this long before its caller does
 CLOCK_CHECK_SECONDS = 60.0  # how often Redis's clock is compared with ours
@@ -720,7 +721,7 @@ class ReceiptStore:
             task.add_done_callback(lambda _: self._clock_checks.pop(tenant, None))
 
     async def _remeasure(self, tenant: str) -> None:
-        for _ in range(SETTLE_ATTEMPTS):
+        for _ in range(CLOCK_RETRIES):
             try:
                 await self._call(self._measure_clock(tenant))
                 return
@@ -960,7 +961,7 @@ class ReceiptStore:
                 if stored_prev != link:
                     raise ChainBroken(VerifyResult(tenant, False, 0, None, GENESIS, _text(raw_id), "prev"))
                 stored_hash = entry.get(b"h", b"")
-                if hashlib.sha256(link + raw).hexdigest().encode("ascii") != stored_hash:
+                if _digest(link.decode("ascii"), raw).encode("ascii") != stored_hash:
                     raise ChainBroken(VerifyResult(tenant, False, 0, None, GENESIS, _text(raw_id), "hash"))
                 link = stored_hash
                 if needle not in raw:
