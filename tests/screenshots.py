@@ -21,7 +21,15 @@ LINES = [
     "Ticket about the delayed parcel in Denver",
     "Please answer before Friday",
 ]
-SECRET_CORES = ["marisol", "quintero", "vance", "mqexample", "4045550187", "4111111111111111"]
+# Label → core (letters and digits, folded). Tests report the labels, never the values.
+SECRET_CORES = {
+    "given name": "marisol",
+    "surname, first part": "quintero",
+    "surname, second part": "vance",
+    "email": "mqexample",
+    "phone": "4045550187",
+    "card": "4111111111111111",
+}
 ORDINARY = ["ticket", "delayed", "parcel", "denver", "please", "answer", "friday"]
 
 DEJAVU = Path("/usr/share/fonts/truetype/dejavu")
@@ -183,9 +191,10 @@ def cores_of(words: list[str]) -> str:
 
 
 def legible(words: list[str]) -> tuple[list[str], list[str]]:
-    """(secret cores still legible, ordinary words still legible) in a reading's words."""
+    """(labels of the identifiers still legible, ordinary words still legible) in a reading's
+    words: a failing test names what is legible, never the value."""
     text = cores_of(words)
-    return [c for c in SECRET_CORES if c in text], [w for w in ORDINARY if w in text]
+    return [label for label, core in SECRET_CORES.items() if core in text], [w for w in ORDINARY if w in text]
 
 
 def write_example(directory: Path) -> tuple[Path, Path]:
