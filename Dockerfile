@@ -5,7 +5,7 @@
 #   python -m ext_proc serve                  the ext_proc server (the default command)
 #   python -m ext_proc bootstrap --output F   Envoy's bootstrap rendered from the environment
 #   envoy -c F                                Envoy 1.40.0, the binary `make test` validates against
-# plus, for the compose `demo` profile only, the bundled fake upstream (tests/fake_upstream.py).
+# plus, for the compose `demo` profile only, the bundled fake upstream (tests/support/fake_upstream.py).
 #
 # Environment: every SPEC §3 name is read at start (ext_proc/config.py); the image only sets the
 # paths and the addresses a container needs (a service bound to 127.0.0.1 is unreachable from
@@ -42,7 +42,7 @@ RUN .venv/bin/python -m pip install -q -e ".[stack]" \
  && tesseract --version
 
 # The fake LLM upstream of `make run` (stdlib only), for the compose `demo` profile.
-COPY tests/__init__.py tests/fake_upstream.py ./tests/
+COPY tests/__init__.py tests/support/fake_upstream.py ./tests/
 
 # Default policies; mount your own over /etc/cordon/policies (a ConfigMap in Kubernetes).
 COPY policies /etc/cordon/policies

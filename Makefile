@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run up down test test-slow reliability bench lint format clean
+.PHONY: install run up down test test-fast test-slow reliability bench lint format clean
 
 install: $(STAMP)
 
@@ -30,6 +30,10 @@ down:
 test: $(STAMP)
 	$(BIN)/python -m pytest
 
+# The inner loop: pure functions and properties, no Envoy, no Redis, no tesseract (under 90 s).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest tests/unit tests/property
+
 # The long property runs (many more hypothesis examples); not part of `make test`.
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow
@@ -39,17 +43,18 @@ test-slow: $(STAMP)
 # RELIABILITY_SECONDS=… RELIABILITY_EXAMPLES=…; RELIABILITY_REPORT=file.json keeps the figures.
 reliability: $(STAMP)
 	RELIABILITY_SECONDS=$${RELIABILITY_SECONDS:-600} RELIABILITY_EXAMPLES=$${RELIABILITY_EXAMPLES:-300} \
-		$(BIN)/python -m pytest -m reliability tests/test_reliability.py
+		$(BIN)/python -m pytest -m reliability tests/reliability/test_reliability.py
 
-# SPEC §13, filtered against a filter-less listener of the same Envoy (tests/bench.py); it starts
+# SPEC §13, filtered against a filter-less listener of the same Envoy (tests/bench/run.py); it starts
 # its own stack on free ports. Not part of `make test`. BENCH_ARGS="--quick" for a smoke run,
 # "--soak 10" to add the 10-minute memory soak.
 bench: $(STAMP)
-	$(BIN)/python -m tests.bench $(BENCH_ARGS)
+	$(BIN)/python -m tests.bench.run $(BENCH_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check ext_proc tests
 	$(BIN)/ruff format --check ext_proc tests
+	$(BIN)/mypy
 
 format: $(STAMP)
 	$(BIN)/ruff format ext_proc tests

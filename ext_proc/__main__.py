@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ext_proc.config import ConfigError, Settings
+from ext_proc.runtime.config import ConfigError, Settings
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -38,8 +38,8 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from ext_proc import server
-    from ext_proc.policy import PolicyError
+    from ext_proc.policy.model import PolicyError
+    from ext_proc.service import worker as server
 
     settings = _settings(args)
     try:
@@ -53,20 +53,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_receipts_verify(args: argparse.Namespace) -> int:
-    from ext_proc.receipts import verify_cli
+    from ext_proc.audit.receipts.store import verify_cli
 
     settings = _settings(args)
     return verify_cli(settings.effective_redis_url, args.tenant, timeout=args.timeout)
 
 
 def cmd_scan(args: argparse.Namespace) -> int:
-    from ext_proc import scan
+    from ext_proc.cli import scan
 
     return scan.run(args, sys.stdin, sys.stdout)
 
 
 def cmd_policy_check(args: argparse.Namespace) -> int:
-    from ext_proc.policy import PolicyError, load_policy_dir
+    from ext_proc.policy.model import PolicyError, load_policy_dir
 
     try:
         policies = load_policy_dir(args.directory)
@@ -79,7 +79,7 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
 
 
 def cmd_stack(args: argparse.Namespace) -> int:
-    from ext_proc import stack
+    from ext_proc.runtime import stack
 
     settings = _settings(args)
     if args.action == "run":
@@ -94,9 +94,9 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
     container, a pod). Unset upstreams are the fake upstream on FAKE_UPSTREAM_PORT, as in the
     stack; TLS_CERT_FILE/TLS_KEY_FILE are written as given (paths inside the Envoy container),
     else a self-signed pair is made once under RUN_DIR/tls."""
-    from ext_proc import bootstrap
-    from ext_proc.config import parse_upstream
-    from ext_proc.files import write_atomically
+    from ext_proc.runtime import bootstrap
+    from ext_proc.runtime.config import parse_upstream
+    from ext_proc.runtime.files import write_atomically
 
     settings = _settings(args)
     fake = f"http://127.0.0.1:{settings.fake_upstream_port}"
@@ -117,7 +117,7 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ext_proc import scan
+    from ext_proc.cli import scan
 
     parser = argparse.ArgumentParser(prog="python -m ext_proc", description="Cordon privacy filter")
     commands = parser.add_subparsers(dest="command", required=True)

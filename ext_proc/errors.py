@@ -16,7 +16,11 @@ Stage = Literal[
 ]
 
 
-class Refusal(Exception):
+class CordonError(Exception):
+    """The root of every error this package raises on purpose. A message never holds a value."""
+
+
+class Refusal(CordonError):
     """The request is answered here and never reaches an upstream."""
 
     def __init__(
@@ -39,7 +43,7 @@ class Refusal(Exception):
         return f"Refusal({self.status}, {self.stage!r}, {self.message!r}, kind={self.kind!r})"
 
 
-class DetectionError(Exception):
+class DetectionError(CordonError):
     """A detector could not finish (regex timeout, nesting too deep): the text was not fully read.
 
     Never a silent skip: the exchange turns it into a refusal or, for a request without declared

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from ext_proc.memo import MEMO
-from tests.fake_upstream import FakeUpstream
-from tests.harness import RedisProcess, RunningStack, redis_server, running_stack
+from ext_proc.detect.memo import MEMO
+from tests.support.fake_upstream import FakeUpstream
+from tests.support.harness import RedisProcess, RunningStack, redis_server, running_stack
 
 
 @pytest.fixture(autouse=True)

@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ext_proc.bootstrap import ROUTE_PROVIDERS
 from ext_proc.dialects import anthropic_messages, generic, openai_chat, openai_responses
-from ext_proc.media import MediaPart
+from ext_proc.media.parts import MediaPart
+from ext_proc.runtime.bootstrap import ROUTE_PROVIDERS
 
 Position = tuple[int, object]  # (id(container), key or index)
 

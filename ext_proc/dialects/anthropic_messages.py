@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ext_proc.media import message_batches_media as batch_media
-from ext_proc.media import messages_media as media
+from ext_proc.media.parts import message_batches_media as batch_media
+from ext_proc.media.parts import messages_media as media
 
 __all__ = ["batch_media", "batch_system_positions", "media", "system_positions"]
 

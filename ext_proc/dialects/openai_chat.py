@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ext_proc.media import chat_media as media
+from ext_proc.media.parts import chat_media as media
 
 SYSTEM_ROLES = frozenset({"system", "developer"})
 

@@ -1,14 +1,14 @@
 """OpenAI Responses: `instructions` and system/developer input items are system text.
 
 Every input item type is walked fail-closed, including types the API adds later; only the media
-positions of `ext_proc.media.responses_media` are exempt.
+positions of `ext_proc.media.parts.responses_media` are exempt.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ext_proc.media import responses_media as media
+from ext_proc.media.parts import responses_media as media
 
 SYSTEM_ROLES = frozenset({"system", "developer"})
 

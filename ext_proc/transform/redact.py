@@ -1,0 +1,72 @@
+"""Findings → placeholders: overlap resolution and the rewrite of one string, right to left.
+
+Overlapping findings resolve by a documented priority: declared-subject matches win over the
+catalog, then the longer span, then the catalog's priority order (ext_proc.detect.catalog.engine), then the
+earlier start. Resolution is O(n log n) in the number of findings; the rewrite is one pass.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable
+
+from ext_proc.detect.findings import Finding
+from ext_proc.transform.placeholders import Placeholders, strip_marker
+
+SUBJECT_PRIORITY_LIMIT = 10  # priorities below this are declared-subject matchers
+
+
+def _rank(finding: Finding) -> tuple[int, int, int, int]:
+    return (
+        0 if finding.priority < SUBJECT_PRIORITY_LIMIT else 1,
+        -finding.length,
+        finding.priority,
+        finding.start,
+    )
+
+
+def resolve_overlaps(findings: Iterable[Finding]) -> list[Finding]:
+    """The non-overlapping findings to redact, sorted by start.
+
+    Candidates are taken best-ranked first; one is kept when none of its characters is taken yet.
+    Occupancy lives in a bytearray over the text, so each check and each mark costs the span's
+    length in C: linear in the total length of the candidates, whatever their order.
+    """
+    ranked = sorted((f for f in findings if f.length > 0), key=_rank)
+    if not ranked:
+        return []
+    taken = bytearray(max(f.end for f in ranked))
+    chosen: list[Finding] = []
+    for finding in ranked:
+        if taken.find(1, finding.start, finding.end) != -1:
+            continue
+        taken[finding.start : finding.end] = b"\x01" * finding.length
+        chosen.append(finding)
+    chosen.sort(key=lambda f: f.start)
+    return chosen
+
+
+Replacement = Callable[[Finding, str], str]
+
+
+def reversible(pmap: Placeholders) -> Replacement:
+    return lambda finding, original: pmap.placeholder_for(finding.label, original)
+
+
+def strip(finding: Finding, original: str) -> str:
+    return strip_marker(finding.label)
+
+
+def rewrite(text: str, findings: list[Finding], replacement: Replacement, counts: Counter[str]) -> str:
+    """`text` with each (resolved, sorted, non-overlapping) finding replaced."""
+    if not findings:
+        return text
+    pieces: list[str] = []
+    cursor = 0
+    for finding in findings:
+        pieces.append(text[cursor : finding.start])
+        pieces.append(replacement(finding, text[finding.start : finding.end]))
+        counts[finding.label] += 1
+        cursor = finding.end
+    pieces.append(text[cursor:])
+    return "".join(pieces)
