@@ -17,18 +17,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ext_proc.detect.catalog import engine as catalog
-from ext_proc.detect.catalog.engine import (
+from ext_proc.detect.catalog import regexes
+from ext_proc.detect.catalog.anchors import Scratch
+from ext_proc.detect.catalog.assignments import secret_key_name
+from ext_proc.detect.catalog.engine import PRIORITY, PRIORITY_BASE, Catalog
+from ext_proc.detect.catalog.entropy import (
     BASE64_ENTROPY_CAP,
     HEX_MIN_ENTROPY,
-    PRIORITY,
-    PRIORITY_BASE,
-    Catalog,
     base64_entropy_threshold,
     is_high_entropy,
-    luhn_valid,
-    secret_key_name,
     shannon_entropy,
 )
+from ext_proc.detect.catalog.validators import luhn_valid
 from ext_proc.detect.findings import ALL_SETS, CATALOG_KINDS, SETS, Finding
 from ext_proc.errors import DetectionError
 
@@ -488,7 +488,7 @@ def test_base64_threshold_scales_with_length() -> None:
 
 
 def test_regex_timeout_raises_detection_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(catalog, "REGEX_TIMEOUT", 1e-9)
+    monkeypatch.setattr(regexes, "REGEX_TIMEOUT", 1e-9)
     adversarial = ("1 2-3." * 50_000) + ("a@" * 50_000) + ("x" * 100_000)
     with pytest.raises(DetectionError) as raised:
         ALL.detect(adversarial)
@@ -621,6 +621,6 @@ def test_the_at_sign_anchor_loses_no_email(text: str) -> None:
     email = next(d for d in cat.detectors if d.kind == "EMAIL")
     assert email.anchor == "at_starts" and email.anchored
     full = dataclasses.replace(email, anchor=None, anchored=False)
-    anchored = catalog._merge_overlaps(list(cat._run(email, text, catalog._Scratch(text))))
-    scanned = catalog._merge_overlaps(list(cat._run(full, text, catalog._Scratch(text))))
+    anchored = catalog._merge_overlaps(list(cat._run(email, text, Scratch(text))))
+    scanned = catalog._merge_overlaps(list(cat._run(full, text, Scratch(text))))
     assert all(any(s0 <= x0 and x1 <= s1 for s0, s1 in anchored) for x0, x1 in scanned)

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ext_proc.detect.catalog import engine as catalog_module
+from ext_proc.detect.catalog import regexes
 from ext_proc.detect.catalog.engine import Catalog
 from ext_proc.detect.findings import SETS
 from ext_proc.detect.memo import TextMemo
@@ -76,7 +76,7 @@ def test_a_failure_is_not_remembered() -> None:
 def test_a_catalog_timeout_still_fails_after_the_text_was_read_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """A text scanned before is answered from the memo; a new one under a timeout still fails."""
     assert ALL.detect(LONG)
-    monkeypatch.setattr(catalog_module, "REGEX_TIMEOUT", 1e-9)
+    monkeypatch.setattr(regexes, "REGEX_TIMEOUT", 1e-9)
     assert ALL.detect(LONG)  # remembered: the same pure result
     with pytest.raises(DetectionError):
         ALL.detect(("1 2-3." * 50_000) + ("a@" * 50_000))

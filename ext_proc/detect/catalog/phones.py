@@ -1,0 +1,152 @@
+"""The PHONE validator: which runs of digits and phone punctuation are phone numbers.
+
+The catalog's phone pattern finds candidate runs; `validate_phone` (called by `Catalog.detect`
+through `VALIDATORS`) splits each into chunks and asks phonenumbers whether a window of them is a
+valid number, after ruling out the shapes that only look like one (dates, times, IPv4 and SSN
+shapes, digit listings, hex dumps). The decisions are pure and cached: a conversation resends its
+history every turn.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+
+import phonenumbers
+import regex
+
+from ext_proc.detect.catalog.options import Options
+from ext_proc.detect.catalog.regexes import (
+    DIGIT_GROUP,
+    DIGIT_SET,
+    Span,
+    compile_pattern,
+    digits_of,
+    timed_all,
+    timed_fullmatch,
+    timed_search,
+)
+
+# Regions where a national number starts with a trunk `0`, tried for a number written without
+# its country code.
+TRUNK_REGIONS: tuple[str, ...] = (
+    "GB", "DE", "FR", "IT", "NL", "BE", "CH", "AT", "IE", "SE", "IL", "IN", "JP", "KR", "CN",
+    "AU", "NZ", "BR", "TR", "ZA",
+)  # fmt: skip
+# Regions tried for a bare digit run that follows a phone word.
+CONTEXT_REGIONS: tuple[str, ...] = ("US", *TRUNK_REGIONS)
+
+
+_PHONE_CONTEXT = compile_pattern(
+    r"(?i)(?:\b(?:phone|tel|telephone|mobile|cell|call|fax|sms|whatsapp|contact|ring|dial"
+    r"|t[ée]l[ée]phone|telefon|tel[ée]fono|m[óo]vil|handy|num[ée]ro)\b|电话|手机|電話)[^\n]*\Z"
+)
+_DATE_LIKE = compile_pattern(
+    r"(?:[0-9]{4}[-/.][0-9]{1,2}[-/.][0-9]{1,2}|[0-9]{1,2}[-/.][0-9]{1,2}[-/.][0-9]{2,4}"
+    r"|(?:19|20)[0-9]{2}\s?[-/]\s?(?:19|20)?[0-9]{2}|[0-9]{1,3}(?:\.[0-9]{1,3}){3})"
+)
+_DATE_INSIDE = compile_pattern(
+    r"(?<![0-9])(?:(?:19|20)[0-9]{2}[-/.][0-9]{1,2}[-/.][0-9]{1,2}"
+    r"|[0-9]{1,2}[-/.][0-9]{1,2}[-/.](?:19|20)[0-9]{2})(?![0-9])"
+)
+_SSN_SHAPE = compile_pattern(r"[0-9]{3}([- .])[0-9]{2}\1[0-9]{4}")
+_NANP_SHAPE = compile_pattern(r"(?:\+?1[ .\-]?)?(?:\([0-9]{3}\)[ ]?|[0-9]{3}([ .\-]))[0-9]{3}[ .\-][0-9]{4}")
+_WS_RUN = compile_pattern(r"[^ \u00a0]+")
+
+
+@functools.lru_cache(maxsize=4096)
+def _phone_valid(number: str, region: str | None) -> bool:
+    try:
+        parsed = phonenumbers.parse(number, region)
+    except phonenumbers.NumberParseException:
+        return False
+    return phonenumbers.is_valid_number(parsed)
+
+
+@functools.lru_cache(maxsize=16384)
+def _phone_ok(window: str, has_context: bool) -> bool:
+    """Is this window (a candidate's chunks) a phone number? Pure, so cached: a conversation
+    resends its history every turn, and the same numbers come back again and again."""
+    digits = digits_of(window)
+    if not 7 <= len(digits) <= 15:
+        return False
+    if window.count("(") != window.count(")"):
+        return False
+    if timed_fullmatch(_DATE_LIKE, window) or timed_search(_DATE_INSIDE, window) is not None:
+        return False
+    if timed_fullmatch(_SSN_SHAPE, window):
+        return False
+    if window.startswith("+"):
+        return _phone_valid(window, None)
+    if window == digits:
+        # A bare digit run is an id, an amount or a timestamp unless a phone word precedes it.
+        return has_context and any(_phone_valid(window, r) for r in CONTEXT_REGIONS)
+    if timed_fullmatch(_NANP_SHAPE, window):
+        return True
+    group_texts = [m.group() for m in timed_all(DIGIT_GROUP, window)]
+    groups = [len(g) for g in group_texts]
+    if sum(1 for g in groups if g == 1) > 1:
+        return False  # "0 1 2 3 4 5 6": a row of numbers, not a phone
+    if sum(1 for g in group_texts if not g.strip("0")) > 1:
+        return False  # "00 01 00 00": bytes of a hex dump
+    if "." in window and (digits[0] != "0" or "/" in window or max(groups) > 4):
+        # Dotted digit groups are versions, addresses and CIDR blocks, except a national
+        # number in dotted pairs (01.42.68.53.00) or NANP shape (handled above).
+        return False
+    if _phone_valid(window, "US"):
+        return True
+    if digits[0] == "0" and len(digits) >= 9:
+        return any(_phone_valid(window, r) for r in TRUNK_REGIONS)
+    return False
+
+
+def validate_phone(text: str, m: regex.Match[str], span: Span, _o: Options) -> Iterable[Span]:
+    """Valid numbers among the whitespace-separated chunks of a candidate, longest first."""
+    start, end = span
+    # The run must end a token: "555-0132x" and "12:30" (a time) are not phones.
+    while end > start and text[end - 1] not in "0123456789)":
+        end -= 1
+    if end < len(text) and (
+        text[end].isalnum() or text[end] == "_" or (text[end] == ":" and text[end + 1 : end + 2].isdigit())
+    ):
+        return
+    if sum(1 for ch in text[start:end] if ch in DIGIT_SET) < 7:
+        return
+    has_context = timed_search(_PHONE_CONTEXT, text, max(0, start - 40), start) is not None
+    for rel_start, rel_end in _phone_spans(text[start:end], has_context):
+        yield (start + rel_start, start + rel_end)
+
+
+@functools.lru_cache(maxsize=16384)
+def _phone_spans(text: str, has_context: bool) -> tuple[Span, ...]:
+    """The phone numbers in one candidate (offsets in it). Pure, so cached: a conversation
+    resends its history every turn and the same numbers come back."""
+    found: list[Span] = []
+    chunks = [c.span() for c in timed_all(_WS_RUN, text)]
+    k = len(chunks)
+    # A run of 1-2 digit groups ("05 00 01 02 03 04") is a byte or number listing, unless it is
+    # exactly five pairs (01 42 68 53 00, the French way of writing a number).
+    listing = k > 1 and all(c1 - c0 <= 2 for c0, c1 in chunks)
+    if listing and (k != 5 or any(c1 - c0 != 2 for c0, c1 in chunks)):
+        return ()
+    i = 0
+    while i < k:
+        for j in range(min(k, i + 7), i, -1):
+            start, end = chunks[i][0], chunks[j - 1][1]
+            # A window starts with +, ( or a digit and ends with a digit or ): "2 -2096165693"
+            # is a number and a negative number, not a phone with a dash.
+            while start < end and text[start] not in "+(0123456789":
+                start += 1
+            while end > start and text[end - 1] not in "0123456789)":
+                end -= 1
+            window = text[start:end]
+            # Balanced parentheses around the whole window are not part of the number.
+            if window.startswith("(") and window.endswith(")") and window.count("(") == 1:
+                start, end, window = start + 1, end - 1, window[1:-1]
+            if _phone_ok(window, has_context):
+                found.append((start, end))
+                i = j
+                break
+        else:
+            i += 1
+    return tuple(found)

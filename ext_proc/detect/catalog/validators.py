@@ -1,0 +1,254 @@
+"""The validators: the checks a pattern's match must pass before it is a finding.
+
+`Catalog.detect` runs a detector's pattern, then the validator that `Detector.validator` names in
+`VALIDATORS`, which returns the spans of the match that are values (none, one or several); those
+become findings for redaction. This module checks provider tokens, PEM headers, EMAIL, IP, IBAN,
+CREDIT_CARD and SSN, and holds the registry of every validator; PHONE, HIGH_ENTROPY with AWS
+secret keys, and SECRET_ASSIGNMENT have modules of their own.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Callable, Iterable
+
+import regex
+
+from ext_proc.detect.catalog.assignments import (
+    validate_secret_assignment,
+    validate_secret_comparison,
+    validate_url_credentials,
+)
+from ext_proc.detect.catalog.entropy import validate_aws_secret, validate_high_entropy
+from ext_proc.detect.catalog.options import Options
+from ext_proc.detect.catalog.phones import validate_phone
+from ext_proc.detect.catalog.regexes import (
+    DIGIT_GROUP,
+    Span,
+    compile_pattern,
+    digits_of,
+    is_mask,
+    timed_all,
+    timed_match,
+    timed_search,
+)
+
+# (text, match, span of the detector's group, options) -> accepted spans of the value.
+Validator = Callable[[str, "regex.Match[str]", Span, Options], Iterable[Span]]
+
+# ISO 13616 registry lengths.
+IBAN_LENGTHS: dict[str, int] = {
+    "AD": 24, "AE": 23, "AL": 28, "AT": 20, "AZ": 28, "BA": 20, "BE": 16, "BG": 22, "BH": 22,
+    "BI": 27, "BR": 29, "BY": 28, "CH": 21, "CR": 22, "CY": 28, "CZ": 24, "DE": 22, "DJ": 27,
+    "DK": 18, "DO": 28, "EE": 20, "EG": 29, "ES": 24, "FI": 18, "FK": 18, "FO": 18, "FR": 27,
+    "GB": 22, "GE": 22, "GI": 23, "GL": 18, "GR": 27, "GT": 28, "HR": 21, "HU": 28, "IE": 22,
+    "IL": 23, "IQ": 23, "IS": 26, "IT": 27, "JO": 30, "KW": 30, "KZ": 20, "LB": 28, "LC": 32,
+    "LI": 21, "LT": 20, "LU": 20, "LV": 21, "LY": 25, "MC": 27, "MD": 24, "ME": 22, "MK": 19,
+    "MN": 20, "MR": 27, "MT": 31, "MU": 30, "NI": 28, "NL": 18, "NO": 15, "OM": 23, "PK": 24,
+    "PL": 28, "PS": 29, "PT": 25, "QA": 29, "RO": 24, "RS": 22, "RU": 33, "SA": 24, "SC": 31,
+    "SD": 18, "SE": 24, "SI": 19, "SK": 24, "SM": 27, "SO": 23, "ST": 25, "SV": 28, "TL": 23,
+    "TN": 24, "TR": 26, "UA": 29, "VA": 22, "VG": 24, "XK": 20, "YE": 30,
+}  # fmt: skip
+
+
+def _token_body(text: str, m: regex.Match[str], span: Span, _o: Options) -> Iterable[Span]:
+    """Provider tokens: reject a body made only of mask characters (`ghp_xxxx…`)."""
+    body = next(
+        (m.group(g) for g in ("body", "pat") if g in m.re.groupindex and m.group(g) is not None),
+        text[span[0] : span[1]],
+    )
+    return () if is_mask(body) else (span,)
+
+
+def _openai_key(text: str, m: regex.Match[str], span: Span, _o: Options) -> Iterable[Span]:
+    body = m.group("body")
+    # A hyphenated lower-case phrase ("sk-some-long-identifier-name") is not a key.
+    if is_mask(body) or not any(ch.isdigit() or ch.isupper() for ch in body):
+        return ()
+    return (span,)
+
+
+_PEM_END = compile_pattern(r"[ \t]*\r?\n?[ \t]*-----END ")
+
+
+def _private_key(text: str, m: regex.Match[str], span: Span, _o: Options) -> Iterable[Span]:
+    # A header immediately closed by its END line wraps no key material.
+    if timed_match(_PEM_END, text, span[1], min(len(text), span[1] + 16)):
+        return ()
+    return (span,)
+
+
+def _email(text: str, m: regex.Match[str], span: Span, _o: Options) -> Iterable[Span]:
+    value = text[span[0] : span[1]]
+    local = value.split("@", 1)[0]
+    if local.startswith(".") or ".." in local:
+        return ()
+    return (span,)
+
+
+_DOC_NETS = tuple(
+    ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32")
+)
+
+
+def _is_documentation(addr: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    return any(addr.version == net.version and addr in net for net in _DOC_NETS)
+
+
+def _ipv4(text: str, m: regex.Match[str], span: Span, options: Options) -> Iterable[Span]:
+    if options.skip_documentation_ips and _is_documentation(ipaddress.IPv4Address(m.group("addr"))):
+        return ()
+    return (span,)
+
+
+def _ipv6(text: str, m: regex.Match[str], span: Span, options: Options) -> Iterable[Span]:
+    candidate = m.group("addr")
+    try:
+        addr = ipaddress.IPv6Address(candidate)
+    except ValueError:
+        return ()
+    if addr.is_unspecified:
+        return ()
+    bare = candidate.split("%", 1)[0]
+    # "dead::beef"-like words: an address here carries a digit or at least three groups.
+    if not any(ch.isdigit() for ch in bare) and bare.count(":") < 3:
+        return ()
+    if options.skip_documentation_ips and _is_documentation(addr):
+        return ()
+    start, end = m.span("addr")
+    cidr = m.group("cidr")
+    if cidr and int(cidr[1:]) <= 128:
+        end = m.end("cidr")
+    return ((start, end),)
+
+
+def _iban(text: str, m: regex.Match[str], span: Span, _o: Options) -> Iterable[Span]:
+    # The pattern starts at the check digits (a digit anchor scans fast); the country code is
+    # the two letters before.
+    start = span[0] - 2
+    country = text[start : span[0]].upper()
+    length = IBAN_LENGTHS.get(country)
+    if length is None:
+        return ()
+    compact: list[str] = []
+    end = start
+    for i in range(start, span[1]):
+        ch = text[i]
+        if ch == " ":
+            continue
+        compact.append(ch.upper())
+        if len(compact) == length:
+            end = i + 1
+            break
+    if len(compact) < length:
+        return ()
+    if end < len(text) and text[end].isalnum():
+        return ()
+    iban = "".join(compact)
+    rearranged = iban[4:] + iban[:4]
+    number = "".join(str(int(ch, 36)) for ch in rearranged)
+    if int(number) % 97 != 1:
+        return ()
+    return ((start, end),)
+
+
+def luhn_valid(digits: str) -> bool:
+    total = 0
+    for i, ch in enumerate(reversed(digits)):
+        d = ord(ch) - 48
+        if i % 2:
+            d *= 2
+            if d > 9:
+                d -= 9
+        total += d
+    return total % 10 == 0
+
+
+def _plausible_card(digits: str) -> bool:
+    """Issuer ranges of the card networks, by length (ISO/IEC 7812 major industry digits 1-6)."""
+    n = len(digits)
+    if not 13 <= n <= 19:
+        return False
+    first = digits[0]
+    if first == "4":  # Visa
+        return True
+    if first == "5":  # Mastercard 51-55, Maestro 50, 56-59
+        return n >= 16 or digits[1] in "0678"
+    if first == "2":  # Mastercard 2221-2720
+        return n == 16 and 2221 <= int(digits[:4]) <= 2720
+    if first == "3":  # Amex 34/37 (15), Diners 30/36/38/39, JCB 35
+        return n == 15 if digits[1] in "47" else n >= 14
+    if first == "6":  # Discover, UnionPay, Maestro, RuPay
+        return True
+    return first == "1" and n == 15  # UATP
+
+
+def _card(text: str, m: regex.Match[str], span: Span, _o: Options) -> Iterable[Span]:
+    """Luhn-valid windows of whole digit groups inside a run of digits and separators."""
+    groups = [g.span() for g in timed_all(DIGIT_GROUP, text, span[0], span[1])]
+    k = len(groups)
+    # Every start is tried, and overlapping windows are merged later: a number that happens to
+    # precede a card ("ref 123 4012 8888 8888 1881") cannot hide part of the card.
+    for i in range(k):
+        found = 0
+        digits = ""
+        for j in range(i, k):
+            g0, g1 = groups[j]
+            size = g1 - g0
+            if j > i:
+                sep = text[groups[j - 1][1] : g0]
+                # Dots only in 4-digit groups (4012.8888.8888.1881), never in dotted versions.
+                if "." in sep and (size > 4 or groups[j - 1][1] - groups[j - 1][0] != 4):
+                    break
+            digits += text[g0:g1]
+            if len(digits) > 19:
+                break
+            # Only the last group of a card may be shorter than 3 digits.
+            if j > i and groups[j - 1][1] - groups[j - 1][0] < 3:
+                break
+            if _plausible_card(digits) and luhn_valid(digits):
+                found = j + 1
+        if found:
+            yield (groups[i][0], groups[found - 1][1])
+
+
+_SSN_CONTEXT = compile_pattern(r"(?i)\b(?:ssn|ss\s?#|soc(?:ial)?[\s.\-]*sec(?:urity)?|taxpayer|tin)\b")
+
+
+def _ssn_parts_ok(digits: str) -> bool:
+    area, group, serial = digits[:3], digits[3:5], digits[5:]
+    return not (area in ("000", "666") or area[0] == "9" or group == "00" or serial == "0000")
+
+
+def _ssn(text: str, m: regex.Match[str], span: Span, _o: Options) -> Iterable[Span]:
+    return (span,) if _ssn_parts_ok(digits_of(text[span[0] : span[1]])) else ()
+
+
+def _ssn_plain(text: str, m: regex.Match[str], span: Span, _o: Options) -> Iterable[Span]:
+    if not _ssn_parts_ok(digits_of(text[span[0] : span[1]])):
+        return ()
+    if timed_search(_SSN_CONTEXT, text, max(0, span[0] - 48), span[0]) is None:
+        return ()
+    return (span,)
+
+
+VALIDATORS: dict[str, Validator] = {
+    "token_body": _token_body,
+    "openai_key": _openai_key,
+    "private_key": _private_key,
+    "email": _email,
+    "ipv4": _ipv4,
+    "ipv6": _ipv6,
+    "iban": _iban,
+    "card": _card,
+    "ssn": _ssn,
+    "ssn_plain": _ssn_plain,
+    "phone": validate_phone,
+    "aws_secret": validate_aws_secret,
+    "high_entropy": validate_high_entropy,
+    "secret_assignment": validate_secret_assignment,
+    "secret_comparison": validate_secret_comparison,
+    "url_credentials": validate_url_credentials,
+}
