@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from ext_proc.detect.findings import Finding
 from ext_proc.detect.normalize import fold
 from ext_proc.detect.subjects import matcher as subjects_module
+from ext_proc.detect.subjects.forms import Case
 from ext_proc.detect.subjects.header import (
     SubjectHeader,
     SubjectHeaderError,
@@ -34,13 +35,11 @@ from ext_proc.detect.subjects.header import (
 )
 from ext_proc.detect.subjects.matcher import (
     KIND_PRIORITY,
-    Case,
     CompiledSubjects,
     clear_caches,
-    common_words,
     compile_subjects,
-    is_common_word,
 )
+from ext_proc.detect.subjects.words import common_words, is_common_word
 from ext_proc.errors import DetectionError
 from ext_proc.transform.redact import SUBJECT_PRIORITY_LIMIT
 from tests.support.e2e import PERSON

@@ -1,0 +1,235 @@
+"""Reading text as class segments: the comparable form of a text, with offsets back to it.
+
+Both readers of the compiled subjects (ext_proc.detect.subjects.matcher: redaction's `detect` and
+the egress check's `first_survivor`) and the form generators (a declared value is read the same way)
+start here. Text is folded (ext_proc.detect.normalize) and cut into maximal runs of letters and of
+digits; every other character is a separator, and a space is inserted where a letter meets a digit.
+
+The cheapest exact route is taken: byte tables for Latin-1 text and for text whose wide characters
+each fold to one Latin-1 character; fold tables filled on first sight otherwise; the per-character
+offset map of `fold_with_offsets` only when a character folds to more or fewer than one.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from functools import lru_cache
+from typing import NamedTuple
+
+from ext_proc.detect.normalize import Folded, fold_char, fold_with_offsets
+
+# Letters that are not accented forms of a base letter (so folding keeps them) but are written
+# without their stroke on a plain keyboard; one for one, so offsets are unchanged. Modifier-letter
+# apostrophes are letters in Unicode; they separate like an apostrophe does.
+_EXTRA_FOLD = {
+    "ø": "o",
+    "ł": "l",
+    "đ": "d",
+    "ð": "d",
+    "ħ": "h",
+    "ı": "i",
+    "ŧ": "t",
+    "ƚ": "l",
+    "ʼ": " ",
+    "ʻ": " ",
+    "ʹ": " ",
+    "ʽ": " ",
+    "ˈ": " ",
+}
+_CLASS_CACHE_LIMIT = 1 << 16
+
+
+@lru_cache(maxsize=_CLASS_CACHE_LIMIT)
+def _classify(char: str) -> tuple[str, str]:
+    """(the character as matched, its class: 'a' letter, '0' digit, ' ' separator)."""
+    mapped = _EXTRA_FOLD.get(char, char)
+    if mapped == " ":
+        return " ", " "
+    category = unicodedata.category(mapped)
+    if category[0] == "L":
+        return mapped, "a"
+    if category[0] == "N":
+        # Other scripts' decimal digits (Arabic-Indic, Devanagari ...) read as ASCII digits.
+        value = unicodedata.decimal(mapped, None)
+        return (str(value) if value is not None else mapped), "0"
+    return " ", " "
+
+
+def _latin_tables() -> tuple[bytes, bytes, bytes]:
+    """Byte tables reading Latin-1 text exactly as fold + _classify would, one byte for one.
+
+    Returns (characters, classes, the bytes whose fold is not one Latin-1 character: soft hyphen,
+    ß, ½, µ ...; a text holding one of them takes the general path)."""
+    chars = bytearray(256)
+    classes = bytearray(256)
+    odd = bytearray()
+    for code in range(256):
+        folded = fold_char(chr(code))
+        mapped, kind = _classify(folded) if len(folded) == 1 else (" ", " ")
+        if len(folded) != 1 or ord(mapped) > 255:
+            odd.append(code)
+            mapped, kind = " ", " "
+        chars[code] = ord(mapped)
+        classes[code] = ord(kind)
+    return bytes(chars), bytes(classes), bytes(odd)
+
+
+_LATIN_CHARS, _LATIN_CLASSES, _LATIN_ODD = _latin_tables()
+_LATIN_NOT_ODD = bytes(b for b in range(256) if b not in _LATIN_ODD)
+_WIDE_LIMIT = 1 << 14
+WIDE_REPLACE_LOOP = 8  # up to this many distinct wide characters: str.replace each (C, fast)
+_wide: dict[str, str | None] = {}
+
+
+def _wide_replacement(char: str) -> str | None:
+    """A character beyond Latin-1 as one Latin-1 character that reads the same (a separator, or a
+    letter/digit whose fold is one Latin-1 character: ő → o, ’ → space, ４ → 4), or None."""
+    known = _wide.get(char, "")
+    if known != "":
+        return known
+    folded = fold_char(char)
+    replacement: str | None = None
+    if len(folded) == 1:
+        mapped, kind = _classify(folded)
+        replacement = " " if kind == " " else (mapped if ord(mapped) <= 255 else None)
+    if len(_wide) < _WIDE_LIMIT:
+        _wide[char] = replacement
+    return replacement
+
+
+def _transitions(classes: str | bytes) -> list[int]:
+    """Positions p where a letter meets a digit (classes[p-1] and classes[p] differ, neither a space)."""
+    pairs = ("a0", "0a") if isinstance(classes, str) else (b"a0", b"0a")
+    if pairs[0] not in classes and pairs[1] not in classes:  # type: ignore[operator]
+        return []  # the common case, decided in C
+    found: list[int] = []
+    for pair in ("a0", "0a") if isinstance(classes, str) else (b"a0", b"0a"):
+        at = classes.find(pair)  # type: ignore[arg-type]
+        while at != -1:
+            found.append(at + 1)
+            at = classes.find(pair, at + 1)  # type: ignore[arg-type]
+    found.sort()
+    return found
+
+
+def _cut(spaced: str, cuts: list[int]) -> tuple[str, list[int]]:
+    if not cuts:
+        return spaced, []
+    pieces: list[str] = []
+    inserted: list[int] = []
+    last = 0
+    for offset, cut in enumerate(cuts):
+        pieces.append(spaced[last:cut])
+        inserted.append(cut + offset)
+        last = cut
+    pieces.append(spaced[last:])
+    return " ".join(pieces), inserted
+
+
+def _segmented(folded: str) -> tuple[str, list[int]]:
+    """`folded` with every separator as a space and a space inserted where a letter meets a digit.
+
+    Returns the new text and the positions (in it) of the inserted spaces, so that a position p in
+    the new text is `p - bisect_left(inserted, p)` in `folded`. Splitting the new text on spaces
+    gives the class segments in order.
+    """
+    if folded.isascii():
+        raw = folded.encode("ascii")
+        return _cut(
+            raw.translate(_LATIN_CHARS).decode("latin-1"), _transitions(raw.translate(_LATIN_CLASSES))
+        )
+    pairs = [_classify(c) for c in folded]  # one character each: positions are kept
+    return _cut("".join(p[0] for p in pairs), _transitions("".join(p[1] for p in pairs)))
+
+
+class Reading(NamedTuple):
+    """A text read for matching: `spaced` (see _segmented), and how to map its positions back.
+    (A NamedTuple: built for every string the egress check reads, so it must be cheap.)"""
+
+    spaced: str
+    inserted: list[int]
+    folded: Folded | None  # None: positions (less the inserted spaces) are the original text's
+
+
+def _read_fast(text: str) -> Reading | None:
+    """The one-for-one reading of raw text when every character folds to exactly one character
+    that fits a byte table (ASCII, Latin-1, and the wide separators and letters _wide_replacement
+    maps): C-speed and with the original offsets. None when the text needs the general path."""
+    if text.isascii():
+        raw = text.encode("ascii")
+    else:
+        try:
+            raw = text.encode("latin-1")
+        except UnicodeEncodeError:
+            wide = [c for c in set(text) if c > "\xff"]
+            replacements = {}
+            for char in wide:
+                replacement = _wide_replacement(char)
+                if replacement is None:
+                    return None
+                replacements[ord(char)] = replacement
+            if len(wide) <= WIDE_REPLACE_LOOP:
+                for char in wide:
+                    text = text.replace(char, replacements[ord(char)])
+            else:  # many distinct characters: one pass, not one per character
+                text = text.translate(replacements)
+            raw = text.encode("latin-1")
+        if raw.translate(None, _LATIN_NOT_ODD):
+            return None
+    spaced, inserted = _cut(
+        raw.translate(_LATIN_CHARS).decode("latin-1"), _transitions(raw.translate(_LATIN_CLASSES))
+    )
+    return Reading(spaced, inserted, None)
+
+
+class _FoldTable(dict[int, str]):
+    """str.translate table: a character → its fold read as spaced text (`part` 0) or as classes
+    (`part` 1). Filled on first sight of each character, up to _CLASS_CACHE_LIMIT entries."""
+
+    def __init__(self, part: int) -> None:
+        super().__init__()
+        self.part = part
+
+    def __missing__(self, code: int) -> str:
+        char = chr(code)
+        folded = fold_char(char)
+        if len(folded) != 1:
+            _ODD_CHARS.add(char)  # always recorded: read's one-for-one test depends on it
+        value = "".join(_classify(c)[self.part] for c in folded)
+        if len(self) < _CLASS_CACHE_LIMIT:
+            self[code] = value
+        return value
+
+
+_ODD_CHARS: set[str] = set()  # characters whose fold is not one character (marks, ß, ligatures …)
+_FOLD_SPACED = _FoldTable(0)
+_FOLD_CLASSES = _FoldTable(1)
+
+
+def read(text: str, offsets: bool) -> Reading:
+    """`text` (raw, unfolded) read as class segments; `offsets=False` when no position is needed
+    (the egress check), which spares the offset map of a text whose fold changes its length."""
+    fast = _read_fast(text)
+    if fast is not None:
+        return fast
+    # Any script: two C-level passes over the text with the fold tables. The offsets are the
+    # original ones when every character folded to exactly one; otherwise (a combining mark, an
+    # invisible character, ß …) detect needs the per-character map of fold_with_offsets.
+    spaced = text.translate(_FOLD_SPACED)
+    classes = text.translate(_FOLD_CLASSES)
+    if not offsets or _ODD_CHARS.isdisjoint(text):
+        cut, inserted = _cut(spaced, _transitions(classes))
+        return Reading(cut, inserted, None)
+    folded = fold_with_offsets(text)
+    cut, inserted = _segmented(folded.text)
+    return Reading(cut, inserted, folded)
+
+
+def segments_of(folded: str) -> list[str]:
+    """A folded value's class segments, in order."""
+    return _segmented(folded)[0].split()
+
+
+def key_of(folded: str) -> str:
+    """A folded value's letters and digits, in order: what a form is made of."""
+    return "".join(segments_of(folded))

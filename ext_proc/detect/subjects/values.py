@@ -1,0 +1,96 @@
+"""One declared value → its compiled forms: the kind → generator registry and the per-value cache.
+
+Called by `compile_subjects` (ext_proc.detect.subjects.matcher) for every value of a parsed header.
+Dispatches on the declared kind to its generator (names, contacts, dates, addresses, or the literal
+letters and digits of an id, handle or other value), adds the spelled-out form of ligature letters,
+and splits each form into its key, its required separators and every prefix the scan looks up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import lru_cache
+
+from ext_proc.detect.normalize import fold
+from ext_proc.detect.subjects.addresses import address_forms
+from ext_proc.detect.subjects.contacts import email_forms, phone_forms
+from ext_proc.detect.subjects.dates import date_forms
+from ext_proc.detect.subjects.forms import Case, FormList, FormSet, UnreadableValue, split_marks
+from ext_proc.detect.subjects.names import name_forms
+from ext_proc.detect.subjects.reading import key_of
+
+FORM_CACHE_SIZE = 4096  # compiled values kept across headers (a header that changes one value)
+
+
+def literal_forms(value: str) -> FormList:
+    """ID, HANDLE and OTHER: the value's letters and digits in order, nothing dropped."""
+    key = key_of(fold(value))
+    if not key:
+        raise UnreadableValue("has no letter or digit")
+    return ((key, Case.ANY, False),)
+
+
+_LIGATURES = {"æ": "ae", "œ": "oe", "þ": "th", "ĳ": "ij"}
+
+GENERATORS: dict[str, Callable[[str], FormList]] = {
+    "NAME": name_forms,
+    "EMAIL": email_forms,
+    "PHONE": phone_forms,
+    "ADDRESS": address_forms,
+    "DOB": date_forms,
+    "ID": literal_forms,
+    "HANDLE": literal_forms,
+    "OTHER": literal_forms,
+}
+
+
+def forms_of(kind: str, value: str) -> FormList:
+    """The forms of one declared value. Raises UnreadableValue."""
+    forms = GENERATORS[kind](value)
+    joined = "".join(form for form, _, _ in forms)
+    if any(ligature in joined for ligature in _LIGATURES):
+        extra = FormSet()
+        for form, case, weak in forms:
+            extra.add(form, case, weak)
+            spelled = form
+            for ligature, letters in _LIGATURES.items():
+                spelled = spelled.replace(ligature, letters)
+            extra.add(spelled, case, weak)
+        forms = extra.result()
+    return forms
+
+
+@dataclass(frozen=True, slots=True)
+class ValueForms:
+    """One declared value compiled: its form keys with their requirements, and all their prefixes."""
+
+    forms: tuple[tuple[str, frozenset[int], Case, bool], ...]  # key, required separators, case, weak
+    prefixes: frozenset[str]
+
+
+@lru_cache(maxsize=FORM_CACHE_SIZE)
+def value_forms(kind: str, value: str) -> ValueForms:
+    """The compiled forms of one declared value. Raises UnreadableValue.
+
+    Cached across headers: a session whose header changes one value recompiles only that value.
+    """
+    forms = []
+    for form, case, weak in forms_of(kind, value):
+        key, required = split_marks(form)
+        forms.append((key, required, case, weak))
+    return ValueForms(tuple(forms), _prefix_closure(key for key, _, _, _ in forms))
+
+
+def _prefix_closure(keys: Iterable[str]) -> frozenset[str]:
+    """Every non-empty prefix of every key. Longest keys first, each stopping at the first prefix
+    already present (the set is prefix-closed), so the cost is the size of the keys' trie rather
+    than the sum of their lengths: the forms of one value share long prefixes."""
+    prefixes: set[str] = set()
+    for key in sorted(set(keys), key=len, reverse=True):
+        for end in range(len(key), 0, -1):
+            prefix = key[:end]
+            if prefix in prefixes:
+                break
+            prefixes.add(prefix)
+    return frozenset(prefixes)
