@@ -53,7 +53,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_receipts_verify(args: argparse.Namespace) -> int:
-    from ext_proc.audit.receipts.store import verify_cli
+    from ext_proc.audit.receipts.verify import verify_cli
 
     settings = _settings(args)
     return verify_cli(settings.effective_redis_url, args.tenant, timeout=args.timeout)
@@ -66,7 +66,8 @@ def cmd_scan(args: argparse.Namespace) -> int:
 
 
 def cmd_policy_check(args: argparse.Namespace) -> int:
-    from ext_proc.policy.model import PolicyError, load_policy_dir
+    from ext_proc.policy.load import load_policy_dir
+    from ext_proc.policy.model import PolicyError
 
     try:
         policies = load_policy_dir(args.directory)

@@ -76,7 +76,7 @@ def _catalog(args: argparse.Namespace) -> Catalog:
     if getattr(args, "policy", None):
         # Imported here: the policy module is a separate concern and the scan of plain text
         # must not depend on it.
-        from ext_proc.policy.model import load_policy_file
+        from ext_proc.policy.load import load_policy_file
 
         try:
             policy = load_policy_file(args.policy)

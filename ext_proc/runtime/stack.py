@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ext_proc.errors import CordonError
-from ext_proc.policy.model import deployment_check, load_policy_dir
+from ext_proc.policy.load import deployment_check, load_policy_dir
 from ext_proc.runtime import bootstrap
 from ext_proc.runtime.config import DEFAULT_REDIS_PORT, Settings, parse_upstream
 

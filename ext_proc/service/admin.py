@@ -20,7 +20,10 @@ from urllib.parse import parse_qs, urlsplit
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from ext_proc.audit.receipts.store import ChainBroken, ReceiptError, ReceiptStore, ref_digest, valid_tenant
+from ext_proc.audit.receipts.chain import ReceiptError
+from ext_proc.audit.receipts.record import ref_digest, valid_tenant
+from ext_proc.audit.receipts.store import ReceiptStore
+from ext_proc.audit.receipts.verify import ChainBroken
 from ext_proc.errors import Refusal
 from ext_proc.service import wire as envoy
 

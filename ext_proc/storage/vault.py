@@ -53,7 +53,8 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from ext_proc.audit.receipts.store import tenant_key, valid_tenant
+from ext_proc.audit.receipts.chain import tenant_key
+from ext_proc.audit.receipts.record import valid_tenant
 from ext_proc.errors import CordonError
 from ext_proc.storage.redis_client import RedisClient, bounded, connect
 from ext_proc.transform.placeholders import PSEUDONYM_HEX_CHARS, PSEUDONYM_LABELS, normalise_value

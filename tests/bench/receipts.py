@@ -1,4 +1,4 @@
-"""Microbenchmark of one receipt append (ext_proc.audit.receipts.store) on loopback; not a test.
+"""Microbenchmark of one receipt append (ext_proc.audit.receipts) on loopback; not a test.
 
 Run: `.venv/bin/python -m tests.bench.receipts` (`--rounds R --appends N`, default 5 x 1000).
 
@@ -18,7 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from ext_proc.audit.receipts.store import ReceiptFields, ReceiptStore, ref_digest
+from ext_proc.audit.receipts.record import ReceiptFields, ref_digest
+from ext_proc.audit.receipts.store import ReceiptStore
 from tests.support.harness import RedisProcess
 
 COUNTS = {

@@ -35,7 +35,7 @@ import pytest
 import yaml
 
 from ext_proc.__main__ import main as cli_main
-from ext_proc.policy.model import load_policy_dir
+from ext_proc.policy.load import load_policy_dir
 from ext_proc.runtime.config import Settings
 
 ROOT = Path(__file__).resolve().parents[2]

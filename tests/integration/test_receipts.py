@@ -25,20 +25,20 @@ from typing import Any, TypeVar
 import pytest
 from redis.asyncio import Redis
 
+from ext_proc.audit.receipts import settle as settling
 from ext_proc.audit.receipts import store as receipts
-from ext_proc.audit.receipts.store import (
-    _APPEND_LUA,
+from ext_proc.audit.receipts import verify as verifying
+from ext_proc.audit.receipts.chain import _APPEND_LUA, ReceiptError
+from ext_proc.audit.receipts.record import (
     GENESIS,
-    ChainBroken,
     Receipt,
-    ReceiptError,
     ReceiptFields,
-    ReceiptStore,
     canonical_json,
     chain_hash,
     ref_digest,
-    verify_cli,
 )
+from ext_proc.audit.receipts.store import ReceiptStore
+from ext_proc.audit.receipts.verify import ChainBroken, VerifyResult, verify_cli
 from ext_proc.runtime.stack import redis_binary, wait_port
 from tests.support.harness import LateRedisReplies, RedisProcess, free_port, redis_server, relay
 
@@ -102,7 +102,7 @@ async def append_many(url: str, tenant: str, n: int, **store_kwargs: Any) -> lis
         await store.aclose()
 
 
-async def verify(url: str, tenant: str) -> receipts.VerifyResult:
+async def verify(url: str, tenant: str) -> VerifyResult:
     store = ReceiptStore.from_url(url, timeout=5.0)
     try:
         return await store.verify(tenant)
@@ -407,14 +407,14 @@ def _verify_cli_exit_codes(redis_url: str) -> None:
 
 def test_verify_rehashes_only_new_records(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = 0
-    real = receipts._digest
+    real = verifying.record_hash
 
     def counting(prev: str, canonical: bytes) -> str:
         nonlocal calls
         calls += 1
         return real(prev, canonical)
 
-    monkeypatch.setattr(receipts, "_digest", counting)
+    monkeypatch.setattr(verifying, "record_hash", counting)
 
     async def scenario() -> None:
         nonlocal calls
@@ -835,7 +835,7 @@ def test_a_failing_batch_fails_its_callers_at_once(redis_url: str) -> None:
             )
             elapsed = time.monotonic() - start
             assert all(isinstance(o, ReceiptError) and "head" in str(o) for o in outcomes)
-            assert (await store.append(fields("elsewhere"))).prev == receipts.GENESIS
+            assert (await store.append(fields("elsewhere"))).prev == GENESIS
             return elapsed
         finally:
             await store.aclose()
@@ -846,7 +846,7 @@ def test_a_failing_batch_fails_its_callers_at_once(redis_url: str) -> None:
 def test_a_record_deleted_before_the_checkpoint_breaks_the_query(redis_url: str) -> None:
     """The first query sets this process's checkpoint; deleting an older record afterwards must
     still turn the next query into ChainBroken (the links are checked on every pass)."""
-    digest = receipts.ref_digest(SECRET, "case-77")
+    digest = ref_digest(SECRET, "case-77")
 
     async def scenario() -> None:
         store = ReceiptStore.from_url(redis_url, timeout=5.0)
@@ -871,7 +871,7 @@ def test_a_record_deleted_before_the_checkpoint_breaks_the_query(redis_url: str)
 def test_a_record_rewritten_before_the_checkpoint_breaks_the_query(redis_url: str) -> None:
     """Taking the refDigest out of an old record (its stored hash left alone) after a query has
     set the checkpoint must not hide it from the next query: ChainBroken naming that record."""
-    digest = receipts.ref_digest(SECRET, "case-78")
+    digest = ref_digest(SECRET, "case-78")
 
     async def scenario() -> None:
         store = ReceiptStore.from_url(redis_url, timeout=5.0)
@@ -929,7 +929,7 @@ def test_an_unanswered_append_names_its_record_and_is_settled(
     """An answer held back past the timeout: the ReceiptError names the record's link; the record
     is in the chain, so settling appends the correction after it; for a link that never reached
     the chain the refusal's own record is appended (without `exchange`)."""
-    monkeypatch.setattr(receipts, "SETTLE_INTERVAL_SECONDS", 0.01)
+    monkeypatch.setattr(settling, "SETTLE_INTERVAL_SECONDS", 0.01)
     port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
 
     async def scenario(late: LateRedisReplies) -> None:
@@ -988,7 +988,7 @@ def test_a_correction_answered_late_itself_is_not_written_twice(
 ) -> None:
     """The correction's own append runs but its answer comes late too (after other traffic moved
     the head): the next round finds it in the chain and does not append it again."""
-    monkeypatch.setattr(receipts, "SETTLE_INTERVAL_SECONDS", 0.05)
+    monkeypatch.setattr(settling, "SETTLE_INTERVAL_SECONDS", 0.05)
     port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
 
     async def scenario(late: LateRedisReplies) -> None:
@@ -1059,8 +1059,8 @@ def test_a_slow_redis_after_a_stall_is_recovered_from(redis_url: str) -> None:
 def test_settling_is_bounded_and_says_what_it_gave_up(
     redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(receipts, "MAX_SETTLING", 2)
-    monkeypatch.setattr(receipts, "SETTLE_INTERVAL_SECONDS", 60.0)  # nothing settles on its own
+    monkeypatch.setattr(settling, "MAX_SETTLING", 2)
+    monkeypatch.setattr(settling, "SETTLE_INTERVAL_SECONDS", 60.0)  # nothing settles on its own
 
     async def scenario() -> list[str]:
         store = ReceiptStore.from_url(redis_url, timeout=0.25)
@@ -1081,7 +1081,7 @@ def test_a_chain_restarted_under_a_writer_is_reported(
     its data): its next append starts a new chain, which it logs, and its admin query says the
     chain vanished instead of answering from the new one."""
 
-    async def scenario() -> tuple[receipts.VerifyResult, list[str]]:
+    async def scenario() -> tuple[VerifyResult, list[str]]:
         store = ReceiptStore.from_url(redis_url, timeout=1.0)
         client = Redis.from_url(redis_url)
         try:

@@ -26,7 +26,9 @@ import redis
 from redis.asyncio import RedisCluster
 from redis.crc import key_slot
 
-from ext_proc.audit.receipts.store import ReceiptError, ReceiptFields, ReceiptStore, ref_digest
+from ext_proc.audit.receipts.chain import ReceiptError
+from ext_proc.audit.receipts.record import ReceiptFields, ref_digest
+from ext_proc.audit.receipts.store import ReceiptStore
 from ext_proc.detect.subjects.header import encode_subject_header
 from ext_proc.runtime.stack import ROOT, port_free, redis_binary, wait_port
 from ext_proc.storage.redis_client import connect

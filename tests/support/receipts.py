@@ -10,7 +10,8 @@ from typing import Any
 
 import redis
 
-from ext_proc.audit.receipts.store import ReceiptStore, VerifyResult
+from ext_proc.audit.receipts.store import ReceiptStore
+from ext_proc.audit.receipts.verify import VerifyResult
 from tests.support.harness import RECEIPT_SECRET, RunningStack
 
 

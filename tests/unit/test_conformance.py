@@ -155,7 +155,7 @@ def test_scan_bad_jsonl_names_the_line_not_the_content(capsys: pytest.CaptureFix
 
 
 def test_scan_policy_file_supplies_sets_and_documentation_switch(monkeypatch: pytest.MonkeyPatch) -> None:
-    import ext_proc.policy.model
+    import ext_proc.policy.load
 
     seen: list[str] = []
 
@@ -163,7 +163,7 @@ def test_scan_policy_file_supplies_sets_and_documentation_switch(monkeypatch: py
         seen.append(path)
         return SimpleNamespace(sets=("pii",), skip_documentation_ips=True)
 
-    monkeypatch.setattr(ext_proc.policy.model, "load_policy_file", fake_load)
+    monkeypatch.setattr(ext_proc.policy.load, "load_policy_file", fake_load)
     _, out = run_scan(["--policy", "tenant.yaml"], "192.0.2.1 10.0.0.1 4012888888881881")
     assert seen == ["tenant.yaml"]
     rows = [json.loads(line) for line in out.splitlines()]
@@ -173,9 +173,9 @@ def test_scan_policy_file_supplies_sets_and_documentation_switch(monkeypatch: py
 def test_scan_reports_a_detection_failure(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from ext_proc.detect.catalog import engine as catalog
+    from ext_proc.detect.catalog import regexes
 
-    monkeypatch.setattr(catalog, "REGEX_TIMEOUT", 1e-9)
+    monkeypatch.setattr(regexes, "REGEX_TIMEOUT", 1e-9)
     status, _ = run_scan([], "1 2 3 4 " * 100_000)
     assert status == 1
     assert "timed out" in capsys.readouterr().err

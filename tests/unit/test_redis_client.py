@@ -10,7 +10,7 @@ import pytest
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.sentinel import SentinelConnectionPool
 
-from ext_proc.audit.receipts.store import verify_cli
+from ext_proc.audit.receipts.verify import verify_cli
 from ext_proc.storage.redis_client import RedisTarget, RedisUrlError, check_url, connect, parse_url
 
 PASSWORD = "pa55-W0rd!s3cret"
