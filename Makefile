@@ -32,7 +32,7 @@ test: $(STAMP)
 
 # The inner loop: pure functions and properties, no Envoy, no Redis, no tesseract (under 90 s).
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest tests/unit tests/property
+	$(BIN)/python -m pytest -n auto tests/unit tests/property
 
 # The long property runs (many more hypothesis examples); not part of `make test`.
 test-slow: $(STAMP)

@@ -29,19 +29,18 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from ext_proc.audit.metrics import metrics_dir, serve_metrics, write_snapshot
 from ext_proc.audit.receipts.store import ReceiptStore
 from ext_proc.errors import describe
-from ext_proc.exchange.exchange import Exchange, Runtime
+from ext_proc.exchange.exchange import Exchange
+from ext_proc.exchange.runtime import Runtime
 from ext_proc.media.ocr import OcrPool
-from ext_proc.policy.model import (
+from ext_proc.policy.load import (
     PolicyCheck,
-    PolicyError,
-    PolicySet,
     deployment_check,
-    dump_policy_set,
     load_policy_dir,
-    load_policy_snapshot,
     policy_signature,
     reload_policy_dir,
 )
+from ext_proc.policy.model import PolicyError, PolicySet
+from ext_proc.policy.snapshot import dump_policy_set, load_policy_snapshot
 from ext_proc.runtime.config import Settings
 from ext_proc.runtime.files import write_atomically
 from ext_proc.storage.vault import Vault

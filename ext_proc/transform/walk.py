@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ext_proc.errors import Refusal
+from ext_proc.errors import CordonError
 
 MAX_DEPTH = 64
 
@@ -55,20 +55,22 @@ CALLER_KEYS = frozenset(
 MIN_NUMBER_DIGITS = 9
 
 
-class NestingTooDeep(Refusal):
+class BodyError(CordonError):
+    """The body cannot be read in full as the API's JSON: it is never forwarded half-read."""
+
+
+class NestingTooDeep(BodyError):
     def __init__(self) -> None:
         super().__init__(
-            422,
-            "detection",
             f"the JSON body is nested deeper than {MAX_DEPTH} levels (counting JSON inside strings); "
-            "it was not forwarded",
-            code="nesting_too_deep",
+            "it was not forwarded"
         )
 
 
-class NotJson(Refusal):
+class NotJson(BodyError):
     def __init__(self, reason: str) -> None:
-        super().__init__(400, "request", f"the request body is not valid JSON: {reason}", code="invalid_json")
+        super().__init__(f"the request body is not valid JSON: {reason}")
+        self.reason = reason
 
 
 class AmbiguousJson(NotJson):
@@ -171,7 +173,7 @@ class LeafWalker:
             try:
                 inner = parse_json(text)
             except AmbiguousJson as exc:
-                raise AmbiguousJson(f"JSON inside a string: {exc.message.split(': ', 1)[-1]}") from None
+                raise AmbiguousJson(f"JSON inside a string: {exc.reason}") from None
             except NotJson:
                 inner = None
             if isinstance(inner, (dict, list)):

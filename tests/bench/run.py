@@ -38,17 +38,20 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ext_proc.detect.catalog.engine import Catalog
+from ext_proc.detect.findings import ALL_SETS
 from ext_proc.detect.subjects.header import encode_subject_header, parse_subject_header
 from ext_proc.detect.subjects.matcher import compile_subjects
 from ext_proc.dialects import classify
-from ext_proc.exchange.exchange import Exchange, Runtime, build_output_gate
-from ext_proc.policy.model import ALL_SETS, load_policy_dir
+from ext_proc.exchange.pipeline import find_media, redact_document
+from ext_proc.exchange.reply import build_output_gate
+from ext_proc.policy.load import load_policy_dir
 from ext_proc.restore.restorers import Restorer, SseRestorer
 from ext_proc.transform.egress import check_body
 from ext_proc.transform.placeholders import PlaceholderMap
@@ -777,8 +780,8 @@ def soak(b: Bench, minutes: float, requests: list[bytes | Fresh]) -> list[Row]:
 
 
 def pipeline_timer() -> Callable[[bytes], list[float]]:
-    """A function timing one subject request's body through the pieces ext_proc.exchange.exchange runs on it
-    (parse, Exchange.redact_document, dump, check_body): seconds per piece, in that order."""
+    """A function timing one subject request's body through the pipeline's pieces (parse,
+    redact_document, dump, check_body: ext_proc.exchange.pipeline): seconds per piece, in order."""
     with tempfile.TemporaryDirectory() as tmp:
         write_policies(Path(tmp))
         policies = load_policy_dir(tmp)
@@ -786,19 +789,28 @@ def pipeline_timer() -> Callable[[bytes], list[float]]:
     subjects = compile_subjects(header)
     route = classify("openai", CHAT)
     assert route is not None
+    policy = policies.default
+    catalog = Catalog.for_sets(policy.sets, skip_documentation_ips=policy.skip_documentation_ips)
 
     def once(raw: bytes) -> list[float]:
-        exchange = Exchange(
-            Runtime(policies=policies), route=route, policy=policies.default, header=header, subjects=subjects
-        )
+        placeholders = PlaceholderMap()
         t0 = time.perf_counter()
         doc = parse_json(raw.decode("utf-8"))
         t1 = time.perf_counter()
-        new_doc, _ = exchange.redact_document(doc)
+        redaction = redact_document(
+            doc,
+            policy=policy,
+            dialect=route.dialect,
+            catalog=catalog,
+            placeholders=placeholders,
+            subjects=subjects,
+            media=find_media(doc, route.dialect),
+            counts=Counter(),
+        )
         t2 = time.perf_counter()
-        body = dump_json(new_doc)
+        body = dump_json(redaction.doc)
         t3 = time.perf_counter()
-        hit = check_body(body, route.dialect, subjects, nonce=exchange.pmap.nonce)
+        hit = check_body(body, route.dialect, subjects, nonce=placeholders.nonce)
         t4 = time.perf_counter()
         if hit is not None:
             raise SystemExit(f"bench: the egress check found {hit} in the redacted body")

@@ -20,8 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ext_proc.errors import Refusal
-from ext_proc.exchange.exchange import Exchange
-from ext_proc.policy.model import Policy, PolicyError, deployment_check
+from ext_proc.exchange.admission import override_mode
+from ext_proc.policy.load import deployment_check
+from ext_proc.policy.model import Policy, PolicyError
 from ext_proc.restore.restorers import SseRestorer, StreamRestorer, SurrogateRestorer, restore_json_body
 from ext_proc.storage.vault import (
     SURROGATE_PURPOSE,
@@ -510,12 +511,12 @@ def test_surrogate_mode_needs_the_tenant_secret() -> None:
 
 def test_x_redact_mode_may_tighten_to_but_never_loosen_into_surrogate() -> None:
     off = Policy(tenant="acme", mode="off", allow_header_override=True)
-    assert Exchange.override_mode(off, "surrogate").mode == "surrogate"
+    assert override_mode(off, "surrogate").mode == "surrogate"
     surrogate = Policy(tenant="acme", mode="surrogate", allow_header_override=True)
-    assert Exchange.override_mode(surrogate, "reversible").mode == "reversible"
+    assert override_mode(surrogate, "reversible").mode == "reversible"
     for mode in ("reversible", "strip"):
         with pytest.raises(Refusal) as raised:
-            Exchange.override_mode(Policy(tenant="acme", mode=mode, allow_header_override=True), "surrogate")  # type: ignore[arg-type]
+            override_mode(Policy(tenant="acme", mode=mode, allow_header_override=True), "surrogate")  # type: ignore[arg-type]
         assert raised.value.status == 403
 
 

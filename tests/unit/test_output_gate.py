@@ -147,7 +147,7 @@ def test_a_placeholder_being_streamed_is_never_a_finding(size: int, seed: int) -
     """Half a placeholder at the end of what has arrived (`SUBJECT1_NAME_3f9a1c`: a 20-character
     token) waits for the rest instead of being read as HIGH_ENTROPY; whole ones are separators;
     the window never starts inside one (`EDIT_CARD_3f9a1c2e_1>`)."""
-    from ext_proc.exchange.exchange import build_output_gate
+    from ext_proc.exchange.reply import build_output_gate
     from ext_proc.restore.restorers import Restorer
     from ext_proc.transform.placeholders import PlaceholderMap
 

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ext_proc.dialects import DIALECTS
+from ext_proc.exchange.refusals import refusal_for
 from ext_proc.transform.walk import (
     MAX_DEPTH,
     STRUCTURAL_KEYS,
@@ -264,7 +265,7 @@ def test_a_number_too_long_to_read_is_refused_not_an_error() -> None:
     number = "7" * 5000
     with pytest.raises(NotJson) as refused:
         parse_json('{"n": ' + number + "}")
-    assert refused.value.status == 400
+    assert refusal_for(refused.value).status == 400
     with pytest.raises(NotJson):
         walk({"metadata": {"args": '{"n": ' + number + "}"}})
 

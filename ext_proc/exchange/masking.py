@@ -1,0 +1,107 @@
+"""The media policy of a request that declares subjects, and its images masked by OCR.
+
+The stricter of the tenant's `subjectMedia` and the header's `media` applies to every media part
+the dialect finds: `block` refuses (422 `media`); `mask` needs each part to be an image whose
+bytes are in the body, in a script the OCR can read, and hands them to the worker's OCR pool (off
+the event loop, within its budget) before the body is redacted and checked; `allow` forwards.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from ext_proc.errors import Refusal, describe
+from ext_proc.exchange.context import RequestContext
+from ext_proc.exchange.record import ExchangeRecord
+from ext_proc.exchange.refusals import refusal_for
+from ext_proc.exchange.results import MaskJob, Refuse
+from ext_proc.exchange.runtime import Runtime
+from ext_proc.media.ocr import MaskError, OcrPool, OcrTimeout, fuzzy_pattern, ocr_can_read
+from ext_proc.media.parts import MediaPart
+from ext_proc.policy.model import MEDIA_STRICTNESS
+
+log = logging.getLogger("cordon.exchange")
+
+
+def media_policy(parts: list[MediaPart], context: RequestContext, pool: OcrPool | None) -> list[MediaPart]:
+    """The parts to mask (none under `allow`); raises the refusal under `block`, or when `mask`
+    cannot be honoured."""
+    header = context.header
+    assert header is not None, "only a request that declares subjects has a media policy"
+    if not parts:
+        return []
+    choices = [context.policy.subject_media, header.media or "allow"]
+    effective = max(choices, key=MEDIA_STRICTNESS.__getitem__)
+    if effective == "block":
+        raise Refusal(
+            422, "media", f"{len(parts)} media part(s) in a request that declares subjects (media: block)"
+        )
+    if effective != "mask":
+        return []
+    if pool is None:
+        raise Refusal(422, "media", "media masking by OCR is not configured; the request was refused")
+    for part in parts:
+        if part.media != "image":
+            raise Refusal(
+                422, "media", f"a {part.media} part cannot be masked (only images can be read); media: mask"
+            )
+        if not part.is_bytes:
+            raise Refusal(
+                422,
+                "media",
+                f"an image given by {part.source.replace('_', ' ')} cannot be read here; media: mask",
+            )
+    if len(parts) > pool.max_images:
+        raise Refusal(422, "media", f"more than {pool.max_images} images to mask in one request")
+    if not ocr_can_read(header):
+        raise Refusal(
+            422,
+            "media",
+            "a declared identifier is written in a script the OCR here cannot read; media: mask",
+        )
+    return parts
+
+
+def _declared_type(part: MediaPart) -> str | None:
+    """The media type a base64 part declares beside it (Anthropic `media_type`), if any."""
+    value: Any = part.container.get("media_type")
+    return value.strip().lower() if isinstance(value, str) else None
+
+
+async def mask_images(
+    runtime: Runtime, context: RequestContext, record: ExchangeRecord, job: MaskJob
+) -> MaskJob | Refuse:
+    """Every image of `job` masked in place in its body (the pool bounded by the budget); the
+    job back, ready for redaction, or the refusal."""
+    pool, subjects = runtime.ocr, context.subjects
+    assert pool is not None and subjects is not None, "media_policy only asks for masking with both"
+    catalog = context.catalog()
+    fuzzy = fuzzy_pattern(form.key for form in subjects.forms())
+    start = time.perf_counter()
+    try:
+        results = await pool.mask_all(
+            [(str(part.container[part.key]), _declared_type(part)) for part in job.masked],
+            [catalog.detect, subjects.detect],
+            fuzzy,
+        )
+    except OcrTimeout as exc:
+        message = f"OCR did not finish within its budget ({pool.budget:g}s); try again later"
+        return Refuse(refusal_for(exc, message))
+    except MaskError as exc:
+        return Refuse(refusal_for(exc))
+    except Exception as exc:
+        log.error(json.dumps({"event": "ocr_failed", **describe(exc)}))
+        return Refuse(Refusal(422, "media", "OCR failed; the request was refused"))
+    finally:
+        record.timings["ocr_ms"] = round((time.perf_counter() - start) * 1000, 3)
+    for part, (payload, result) in zip(job.masked, results, strict=True):
+        part.container[part.key] = payload
+        record.timings["media_words_masked"] = (
+            record.timings.get("media_words_masked", 0) + result.masked_words
+        )
+        for seconds in result.pass_seconds:
+            runtime.metrics.observe("cordon_ocr_pass_seconds", seconds)
+    return job

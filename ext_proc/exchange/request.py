@@ -1,0 +1,151 @@
+"""The request-body phase: read the body as the API's JSON, redact it, check what would leave.
+
+A request without declared subjects is redacted with the tenant's catalog; a detection failure
+follows `failMode` (closed: 503; open: forwarded, the gap recorded). A request that declares
+subjects gets the media policy first (block refuses; mask hands its images to OCR, `NeedsOcr`),
+then redaction and the egress check, and any failure refuses it whatever `failMode` says. Under
+`reportOnly` the pipeline runs for its record and the original body goes upstream unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from ext_proc.errors import DetectionError, Refusal, describe
+from ext_proc.exchange.context import RequestContext
+from ext_proc.exchange.masking import media_policy
+from ext_proc.exchange.pipeline import find_media, redact_and_check, redact_document
+from ext_proc.exchange.record import ExchangeRecord
+from ext_proc.exchange.refusals import FAIL_CLOSED, refusal_for
+from ext_proc.exchange.results import BodyResult, Forward, MaskJob, NeedsOcr, Refuse
+from ext_proc.exchange.runtime import Runtime
+from ext_proc.media.parts import MediaPart
+from ext_proc.transform.walk import BodyError, dump_json, parse_json
+
+log = logging.getLogger("cordon.exchange")
+_T = TypeVar("_T")
+
+
+def request_body(runtime: Runtime, context: RequestContext, record: ExchangeRecord, raw: bytes) -> BodyResult:
+    """The whole request body → forward (rewritten or not), refuse, or mask images first."""
+    try:
+        result = _read(runtime, context, record, raw)
+    except Refusal as refusal:
+        result = Refuse(refusal)
+    except BodyError as error:
+        result = Refuse(refusal_for(error))
+    if not context.policy.report_only:
+        return result
+    # reportOnly: the verdict is recorded, the original body forwarded.
+    if isinstance(result, Refuse):
+        record.stage = result.refusal.stage
+    return Forward("reported")
+
+
+def _read(runtime: Runtime, context: RequestContext, record: ExchangeRecord, raw: bytes) -> BodyResult:
+    if not raw.strip():
+        return Forward()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise Refusal(400, "request", "the request body is not valid UTF-8", code="invalid_json") from None
+    doc = parse_json(text)
+    if context.subjects is not None:
+        return _subject_body(runtime, context, record, raw, doc)
+    return _catalog_body(context, record, doc)
+
+
+def _catalog_body(context: RequestContext, record: ExchangeRecord, doc: Any) -> Forward | Refuse:
+    """A request without declared subjects: redact; a detection failure follows failMode."""
+    policy = context.policy
+    try:
+        parts = find_media(doc, context.dialect)
+        record.media = len(parts)
+        redaction = redact_document(
+            doc,
+            policy=policy,
+            dialect=context.dialect,
+            catalog=context.catalog(),
+            placeholders=context.placeholders,
+            subjects=None,
+            media=parts,
+            counts=record.counts,
+        )
+    except DetectionError as exc:
+        if policy.fail_mode == "closed" and not policy.report_only:
+            message = f"detection failed ({exc}); failMode is closed"
+            return Refuse(refusal_for(exc, message, FAIL_CLOSED))
+        record.record_gap("detection", str(exc))
+        return Forward()
+    if not redaction.changed:
+        return Forward()
+    return Forward(body=dump_json(redaction.doc))
+
+
+def _subject_body(
+    runtime: Runtime, context: RequestContext, record: ExchangeRecord, raw: bytes, doc: Any
+) -> BodyResult:
+    """A request that declares subjects: media policy, redaction, then the egress check."""
+
+    def media() -> tuple[list[MediaPart], list[MediaPart]]:
+        parts = find_media(doc, context.dialect)
+        record.media = len(parts)
+        return parts, media_policy(parts, context, runtime.ocr)
+
+    parts, to_mask = guarded(media)
+    if to_mask:
+        return NeedsOcr(MaskJob(raw, doc, parts, to_mask))
+    return finish_subject_body(context, record, MaskJob(raw, doc, parts))
+
+
+def finish_subject_body(context: RequestContext, record: ExchangeRecord, job: MaskJob) -> Forward | Refuse:
+    """Redact a subject request (its images already masked) and check the bytes that would leave."""
+    subjects = context.subjects
+    assert subjects is not None, "only a request that declares subjects gets here"
+    checked = guarded(
+        lambda: redact_and_check(
+            job.raw,
+            job.doc,
+            policy=context.policy,
+            dialect=context.dialect,
+            catalog=context.catalog(),
+            placeholders=context.placeholders,
+            subjects=subjects,
+            media=job.parts,
+            counts=record.counts,
+            masked=bool(job.masked),
+        )
+    )
+    record.timings["egress_ms"] = checked.check_ms
+    if checked.survivor is not None:
+        return Refuse(survived(checked.survivor))
+    record.egress = "verified"
+    return Forward(body=checked.body if checked.changed else None)
+
+
+def survived(label: str) -> Refusal:
+    return Refusal(
+        422,
+        "egress",
+        f"a declared identifier ({label}) would still have left in the request body",
+        kind=label,
+    )
+
+
+def guarded(step: Callable[[], _T]) -> _T:
+    """Run a step of a subject request: every failure is a refusal (422 `detection` unless the
+    table says otherwise), never a forwarded body."""
+    try:
+        return step()
+    except Refusal:
+        raise
+    except BodyError as error:
+        raise refusal_for(error) from None
+    except DetectionError as exc:
+        raise refusal_for(exc, f"detection failed ({exc}); the request was refused") from None
+    except Exception as exc:
+        log.error(json.dumps({"event": "subject_pipeline_failed", **describe(exc)}))
+        raise Refusal(422, "detection", "detection failed; the request was refused") from None
