@@ -39,13 +39,13 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from ext_proc.policy.model import PolicyError
-    from ext_proc.service import worker as server
+    from ext_proc.service import supervisor, worker
 
     settings = _settings(args)
     try:
         if args.worker_index is not None:
-            return server.worker_main(settings, args.worker_index)
-        return server.serve(settings)
+            return worker.worker_main(settings, args.worker_index)
+        return supervisor.serve(settings)
     except ConfigError as exc:
         raise SystemExit(f"configuration error: {exc}") from None
     except PolicyError as exc:

@@ -1,0 +1,85 @@
+"""The supervisor: `serve` starts WORKERS worker processes and keeps them running.
+
+Every worker binds the same port (SO_REUSEPORT; the kernel spreads Envoy's connections over
+them). The supervisor serves `/metrics` (the workers' counters summed), restarts a worker that
+dies (backing off one that keeps dying), passes SIGHUP on (a policy reload), and on SIGTERM or
+SIGINT asks every worker to drain and waits for them within the grace.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import sys
+import time
+
+from ext_proc.audit.metrics import metrics_dir, serve_metrics
+from ext_proc.policy.load import load_policy_dir
+from ext_proc.runtime.config import Settings
+from ext_proc.service.worker import DRAIN_SECONDS, policy_check, ready_file
+
+log = logging.getLogger("cordon.server")
+
+
+def serve(settings: Settings) -> int:
+    """Supervise WORKERS worker processes until SIGTERM/SIGINT; restart any that dies."""
+    # A bad policy (or one this deployment cannot honour) is a startup error here, not in N workers.
+    load_policy_dir(settings.policy_dir, check=policy_check(settings))
+    settings.load_receipt_secret(create=True)  # made once here, read by every worker
+    for stale in (settings.run_dir / "extproc").glob("worker-*.ready"):
+        stale.unlink()
+    for stale in metrics_dir(settings.run_dir).glob("worker-*"):
+        stale.unlink()  # counters start from zero with the server
+    try:
+        metrics_server = serve_metrics(settings.run_dir, settings.extproc_address, settings.metrics_port)
+    except OSError as exc:
+        raise SystemExit(f"cannot serve metrics on port {settings.metrics_port}: {exc.strerror}") from None
+    stopping = False
+
+    def start(index: int) -> subprocess.Popen[bytes]:
+        command = [sys.executable, "-m", "ext_proc", "serve", "--worker-index", str(index)]
+        return subprocess.Popen(command)
+
+    def on_signal(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    def on_hangup(signum: int, frame: object) -> None:
+        for process in workers.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGHUP)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    # Ignored until every worker exists; the workers inherit "ignored" through exec, so a SIGHUP
+    # that reaches one still starting does not kill it (its event loop takes SIGHUP over later).
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    workers = {index: start(index) for index in range(settings.workers)}
+    signal.signal(signal.SIGHUP, on_hangup)
+    restarts: dict[int, float] = {}
+    while not stopping:
+        time.sleep(0.2)
+        for index, process in list(workers.items()):
+            code = process.poll()
+            if code is None or stopping:
+                continue
+            # Back off a worker that keeps dying, so a crash loop does not eat the machine.
+            last = restarts.get(index, 0.0)
+            if time.monotonic() - last < 1.0:
+                time.sleep(1.0)
+            log.warning('{"event":"worker_exited","worker":%d,"code":%d,"restarting":true}', index, code)
+            ready_file(settings, index).unlink(missing_ok=True)  # ready again when the new one says so
+            restarts[index] = time.monotonic()
+            workers[index] = start(index)
+    for process in workers.values():
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + DRAIN_SECONDS + 5
+    for process in workers.values():
+        try:
+            process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+    metrics_server.shutdown()
+    return 0
