@@ -18,6 +18,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 from ext_proc.runtime.files import write_atomically
 
@@ -123,13 +124,18 @@ def write_snapshot(metrics: Metrics, run_dir: Path, index: int) -> None:
     write_atomically(path, json.dumps(metrics.snapshot()))
 
 
-def merge(snapshots: Iterable[Mapping[str, list[object]]]) -> Metrics:
+def _rows(snapshot: Mapping[str, list[Any]], section: str) -> list[tuple[Any, list[Any], Any]]:
+    """A snapshot's rows of one section: (name, labels as pairs, value or bucket row)."""
+    return [(row[0], row[1], row[2]) for row in snapshot.get(section, [])]
+
+
+def merge(snapshots: Iterable[Mapping[str, list[Any]]]) -> Metrics:
     total = Metrics()
     for snap in snapshots:
-        for name, labels, value in snap.get("counters", []):  # type: ignore[misc]
+        for name, labels, value in _rows(snap, "counters"):
             key = (str(name), tuple((str(k), str(v)) for k, v in labels))
             total.counters[key] = total.counters.get(key, 0) + float(value)
-        for name, labels, row in snap.get("histograms", []):  # type: ignore[misc]
+        for name, labels, row in _rows(snap, "histograms"):
             key = (str(name), tuple((str(k), str(v)) for k, v in labels))
             have = total.histograms.setdefault(key, [0.0] * (len(BUCKETS) + 2))
             for i, x in enumerate(row):

@@ -201,9 +201,10 @@ def normalize(image: Image.Image) -> Image.Image:
     if image.getexif().get(0x0112, 1) != 1:
         image = ImageOps.exif_transpose(image) or image  # a copy: only when it must turn
     if image.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
-        peak = image.getextrema()[1] if image.mode == "I" else 65535
+        extrema = image.getextrema()  # one band: (min, max)
+        peak = extrema[1] if image.mode == "I" and isinstance(extrema[1], (int, float)) else 65535
         factor = 255 / 65535 if peak > 255 else 1
-        image = image.point(lambda v: v * factor).convert("L")  # type: ignore[operator]
+        image = image.point(lambda v: v * factor).convert("L")
     elif image.mode == "F":
         image = image.convert("L")
     has_alpha = image.mode in ("RGBA", "LA", "PA", "RGBa", "La") or (
@@ -310,7 +311,7 @@ def lines_text(words: Sequence[Word]) -> tuple[str, list[tuple[int, int, int]]]:
     pieces: list[str] = []
     spans: list[tuple[int, int, int]] = []
     position = 0
-    previous: tuple[int, int, int] | None = None
+    previous: tuple[int, int, int, int] | None = None
     for index, word in enumerate(words):
         if previous is not None:
             sep = " " if word.line == previous else "\n"

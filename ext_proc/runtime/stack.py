@@ -265,7 +265,7 @@ def grpc_serving(address: str, port: int) -> bool:
             )
     except grpc.RpcError:
         return False
-    return reply.status == health_pb2.HealthCheckResponse.SERVING
+    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
 
 
 def banner(settings: Settings, *, detached: bool = False) -> str:

@@ -42,7 +42,7 @@ SERVICE_NAME = "envoy.service.ext_proc.v3.ExternalProcessor"
 METRICS_SECONDS = 1.0
 
 
-class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
+class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]  # generated, untyped
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
 

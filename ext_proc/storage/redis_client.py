@@ -199,7 +199,7 @@ def connect(url: str | RedisTarget, *, timeout: float, retries: int) -> RedisCli
         except ValueError:
             raise RedisUrlError("an option in the query string is unknown or has a bad value") from None
     tls = _tls_options(target) if target.tls else {}
-    auth = {"username": target.username, "password": target.password}
+    auth: dict[str, Any] = {"username": target.username, "password": target.password}
     if target.topology == "cluster":
         return RedisCluster(
             startup_nodes=[ClusterNode(host, port) for host, port in target.nodes],
@@ -213,7 +213,7 @@ def connect(url: str | RedisTarget, *, timeout: float, retries: int) -> RedisCli
             **tls,
         )
     assert target.service is not None
-    sentinels = Sentinel(
+    sentinels = Sentinel(  # type: ignore[no-untyped-call]  # redis-py leaves Sentinel.__init__ unannotated
         list(target.nodes),
         min_other_sentinels=0,
         sentinel_kwargs={
@@ -226,7 +226,7 @@ def connect(url: str | RedisTarget, *, timeout: float, retries: int) -> RedisCli
         },
         **common,
     )
-    return sentinels.master_for(
+    master: Redis = sentinels.master_for(
         target.service,
         redis_class=_SentinelMaster,
         retry=Retry(NoBackoff(), retries),
@@ -234,6 +234,7 @@ def connect(url: str | RedisTarget, *, timeout: float, retries: int) -> RedisCli
         **auth,
         **tls,
     )
+    return master
 
 
 class _SentinelMaster(Redis):

@@ -85,6 +85,11 @@ class TenantKeys:
         return "TenantKeys(…)"
 
 
+def _as_bytes(blob: bytes | str | None) -> bytes | None:
+    """A value as Redis returned it: bytes (this client never decodes responses)."""
+    return blob.encode("utf-8", "surrogateescape") if isinstance(blob, str) else blob
+
+
 def derive_keys(secret: str, tenant: str) -> TenantKeys:
     if not valid_tenant(tenant):
         raise ValueError("not a tenant name")
@@ -240,7 +245,8 @@ class Vault:
         async def read() -> list[bytes | None]:
             out: list[bytes | None] = []
             for start in range(0, len(names), MAX_BATCH):
-                out += await self._redis.mget(names[start : start + MAX_BATCH])
+                blobs = await self._redis.mget(names[start : start + MAX_BATCH])
+                out += [_as_bytes(blob) for blob in blobs]
             return out
 
         blobs = await self._call(read())

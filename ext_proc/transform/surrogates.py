@@ -446,12 +446,14 @@ def shift_date(original: str, days: int, today_year: int | None = None) -> str |
             out = f"{_pad(first, m['a'])}{m['s']}{_pad(second, m['b'])}{m['s']}{y}"
         else:
             name = _month_name(new.month, m["month"]) + (m["dot"] or "")
-            day = _pad(new.day, m["d"], numeric=False) + (_ordinal(new.day) if m["ord"] else "")
+            written = _pad(new.day, m["d"], numeric=False) + (_ordinal(new.day) if m["ord"] else "")
             if m["ord"] and m["ord"].isupper():
-                day = day.upper()
+                written = written.upper()
             y = _write_year(new.year, m["y"])
             out = (
-                f"{name}{m['s1']}{day}{m['s2']}{y}" if form == "mdy" else f"{day}{m['s1']}{name}{m['s2']}{y}"
+                f"{name}{m['s1']}{written}{m['s2']}{y}"
+                if form == "mdy"
+                else f"{written}{m['s1']}{name}{m['s2']}{y}"
             )
         lead = original[: len(original) - len(original.lstrip())]
         return lead + out + original[len(original.rstrip()) :]
