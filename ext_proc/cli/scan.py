@@ -1,4 +1,4 @@
-"""`python -m ext_proc scan` (SPEC §14): the catalog on the command line.
+"""`python -m ext_proc scan`: the catalog on the command line.
 
 Where it sits: outside the request path. Platform teams pipe their own samples through it to see
 what a policy's catalog would redact, and the conformance runner (`tests/support/conformance.py`) feeds

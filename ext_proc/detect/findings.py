@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Catalog kinds (SPEC §4), by set.
+# Catalog kinds, by the set a policy turns on (docs/catalog.md).
 SETS: dict[str, tuple[str, ...]] = {
     "pii": ("EMAIL", "PHONE", "SSN", "IP", "IBAN"),
     "pci": ("CREDIT_CARD",),

@@ -1,4 +1,4 @@
-"""Text folding shared by the subject matchers and the egress check (SPEC §5, §6).
+"""Text folding shared by the subject matchers and the egress check.
 
 `fold` turns text into the form identifiers are compared in: NFKC (full-width digits become
 ASCII), zero-width and soft-hyphen characters removed, case-folded, accents stripped. It works one

@@ -1,4 +1,4 @@
-"""Masking identifiers in images by OCR (SPEC §7, `media: mask`).
+"""Masking identifiers in images by OCR (`media: mask`).
 
 One image, start to finish, synchronously (the exchange runs this in a bounded thread pool, and
 tesseract itself runs as a child process, so the event loop never waits on it):
@@ -57,7 +57,7 @@ from ext_proc.detect.subjects.header import SubjectHeader
 from ext_proc.errors import CordonError, DetectionError
 
 # tesseract's OpenMP threads fight each other on a small machine: one thread per pass is ~3x
-# faster here (NOTES.md); parallelism comes from the pool, one image per thread.
+# faster on a small machine; parallelism comes from the pool, one image per thread.
 os.environ.setdefault("OMP_THREAD_LIMIT", "1")
 
 FORMATS = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp", "GIF": "image/gif"}

@@ -1,4 +1,4 @@
-"""Settings from the environment (SPEC §3), read once when a command starts, never at import time.
+"""Settings from the environment, read once when a command starts, never at import time.
 
 The names are an interface: operators, tests and deployment manifests depend on them.
 """

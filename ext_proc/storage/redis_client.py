@@ -1,7 +1,7 @@
 """REDIS_URL → a Redis client: one server, a Redis Cluster, or a master found through Sentinel.
 
 Where this sits: beside the flow. The receipt store (and the vault) build their clients here, so
-the three topologies SPEC §16 names for several replicas are one setting, not three code paths::
+the three topologies a deployment of several replicas may use are one setting, not three code paths::
 
     redis://[[user]:password@]host[:port][/db]        one server (redis-py's own URL rules,
     rediss://…   unix://[[user]:password@]/path?db=N   query options included)

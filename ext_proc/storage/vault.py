@@ -1,4 +1,4 @@
-"""The pseudonym vault (SPEC §8): placeholder → original, encrypted, per tenant, in Redis.
+"""The pseudonym vault: placeholder → original, encrypted, per tenant, in Redis.
 
 Where this sits: with `consistentPseudonyms: true`, redaction writes HMAC-derived placeholders
 (ext_proc.transform.placeholders) and, before the request body is released upstream, the exchange stores

@@ -351,7 +351,7 @@ def _phone(stream: _Stream, original: str) -> str:
     return fallback
 
 
-# Dates: the written forms redaction meets for a declared date (SPEC §5).
+# Dates: the written forms redaction meets for a declared date (docs/subjects.md).
 _MONTHS = _words("january february march april may june july august september october november december")
 _MONTH_RE = (
     r"(?P<month>jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?"

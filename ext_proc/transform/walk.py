@@ -1,4 +1,4 @@
-"""The fail-closed leaf walk (SPEC §12): every string of a JSON body passes through one function.
+"""The fail-closed leaf walk: every string of a JSON body passes through one function.
 
 Whatever the dialect, every string value and every object key is handed to `visit`, including
 item types no dialect module knows about. The only strings that are not are:

@@ -1,4 +1,4 @@
-"""The `X-Cordon-Subject` header (SPEC §5) → a validated, typed `SubjectHeader`.
+"""The `X-Cordon-Subject` header → a validated, typed `SubjectHeader`.
 
 base64url (padding optional) of UTF-8 JSON naming up to 8 subjects. Parsing is total: any input,
 however malformed, yields either a `SubjectHeader` or a `SubjectHeaderError` whose message names
