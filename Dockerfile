@@ -7,7 +7,7 @@
 #   envoy -c F                                Envoy 1.40.0, the binary `make test` validates against
 # plus, for the compose `demo` profile only, the bundled fake upstream (tests/support/fake_upstream.py).
 #
-# Environment: every SPEC §3 name is read at start (ext_proc/config.py); the image only sets the
+# Environment: every SPEC §3 name is read at start (ext_proc/runtime/config.py); the image only sets the
 # paths and the addresses a container needs (a service bound to 127.0.0.1 is unreachable from
 # outside its container).
 FROM python:3.11-slim-bookworm

@@ -1,0 +1,2 @@
+"""What the filter tells operators and auditors: hash-chained receipts in Redis and metrics.
+"""

@@ -1,0 +1,2 @@
+"""Command-line tools beside `serve`: `scan` (the detectors on a platform team's own samples).
+"""

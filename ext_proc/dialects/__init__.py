@@ -1,55 +1,47 @@
-"""API shapes: which route and path a request took, and where text, system prompts and media live.
+"""API shapes: which provider and dialect a request took, from the route Envoy chose and the path.
 
-Envoy tells the processor the name of the route it chose (`xds.route_name`); the path then picks
-the dialect. A dialect only ever adds knowledge (which subtrees are system prompts, where media
-payloads sit): the walk itself reads every string of every body whatever the dialect, so a
-request classified as `generic` is still redacted in full.
+Each dialect module (chat, responses, messages, generic) owns everything about its API: its paths,
+system positions, media positions, stream handler and stream error event (ext_proc.dialects.base);
+each provider its error body (ext_proc.dialects.providers); the route table says which provider a
+route leads to (ext_proc.dialects.routes). A dialect only ever adds knowledge: the walk reads every
+string of every body whatever the dialect, so a request classified as `generic` is still redacted
+in full.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
-from ext_proc.dialects import anthropic_messages, generic, openai_chat, openai_responses
-from ext_proc.media.parts import MediaPart
-from ext_proc.runtime.bootstrap import ROUTE_PROVIDERS
+from ext_proc.dialects.base import Dialect
+from ext_proc.dialects.chat import CHAT
+from ext_proc.dialects.generic import GENERIC
+from ext_proc.dialects.messages import MESSAGE_BATCHES, MESSAGES
+from ext_proc.dialects.providers import Provider
+from ext_proc.dialects.responses import RESPONSES
+from ext_proc.dialects.routes import ROUTE_PROVIDERS
 
-Position = tuple[int, object]  # (id(container), key or index)
-
-
-@dataclass(frozen=True, slots=True)
-class Dialect:
-    name: str
-    media: Callable[[object], Iterator[MediaPart]]
-    system_positions: Callable[[object], Iterator[tuple[Any, object]]]
-
+__all__ = ["DIALECTS", "PATHS", "Dialect", "RouteInfo", "classify"]
 
 DIALECTS: dict[str, Dialect] = {
-    "chat": Dialect("chat", openai_chat.media, openai_chat.system_positions),
-    "responses": Dialect("responses", openai_responses.media, openai_responses.system_positions),
-    "messages": Dialect("messages", anthropic_messages.media, anthropic_messages.system_positions),
-    "message_batches": Dialect(
-        "message_batches", anthropic_messages.batch_media, anthropic_messages.batch_system_positions
-    ),
-    "generic": Dialect("generic", generic.media, generic.system_positions),
+    "chat": CHAT,
+    "responses": RESPONSES,
+    "messages": MESSAGES,
+    "message_batches": MESSAGE_BATCHES,
+    "generic": GENERIC,
 }
 
-# Normalised path (lower case, no trailing slash, provider prefix removed) → dialect.
-PATHS: dict[tuple[str, str], str] = {
-    ("openai", "/v1/chat/completions"): "chat",
-    ("openai", "/v1/responses"): "responses",
-    ("openai", "/v1/responses/input_tokens"): "responses",
-    ("anthropic", "/v1/messages"): "messages",
-    ("anthropic", "/v1/messages/count_tokens"): "messages",
-    ("anthropic", "/v1/messages/batches"): "message_batches",
+# (provider name, normalised path) → dialect: each dialect's own paths; any other path is generic.
+PATHS: dict[tuple[str, str], Dialect] = {
+    (dialect.provider.name, path): dialect
+    for dialect in DIALECTS.values()
+    if dialect.provider is not None
+    for path in dialect.paths
 }
 
 
 @dataclass(frozen=True, slots=True)
 class RouteInfo:
-    provider: str  # openai | anthropic
+    provider: Provider
     dialect: Dialect
     path: str  # as the upstream will see it, normalised for classification
 
@@ -64,4 +56,4 @@ def classify(route_name: str, path: str) -> RouteInfo | None:
     if prefix and plain.startswith(prefix + "/"):
         plain = plain[len(prefix) :]
     plain = plain.rstrip("/") or "/"
-    return RouteInfo(provider, DIALECTS[PATHS.get((provider, plain), "generic")], plain)
+    return RouteInfo(provider, PATHS.get((provider.name, plain), GENERIC), plain)

@@ -50,11 +50,14 @@ class Turned:
     refusal: Refusal
     policy: Policy
     route: RouteInfo | None
+    ref: str | None = None  # the subject header's, once read (its HMAC goes into the receipt)
 
 
 class _Refused(Exception):
-    def __init__(self, refusal: Refusal, policy: Policy, route: RouteInfo | None = None) -> None:
-        self.outcome = Turned(refusal, policy, route)
+    def __init__(
+        self, refusal: Refusal, policy: Policy, route: RouteInfo | None = None, ref: str | None = None
+    ) -> None:
+        self.outcome = Turned(refusal, policy, route, ref)
 
 
 def admit(runtime: Runtime, headers: Headers) -> Admitted | Turned:
@@ -68,25 +71,28 @@ def admit(runtime: Runtime, headers: Headers) -> Admitted | Turned:
 def _admit(runtime: Runtime, headers: Headers) -> Admitted:
     policy = _chosen(runtime, headers)
     route: RouteInfo | None = None
+    header: SubjectHeader | None = None
     try:
         placeholders = _placeholders(runtime, policy)
         route = classify(headers.route_name, headers.path)
         if route is None:
             raise Refusal(404, "routing", "no upstream is configured for this path", code="not_found")
-        if route.provider not in policy.upstreams:
-            raise Refusal(403, "policy", f"this tenant may not reach the {route.provider} upstream")
+        if route.provider.name not in policy.upstreams:
+            raise Refusal(403, "policy", f"this tenant may not reach the {route.provider.name} upstream")
         context = RequestContext(policy, route, placeholders)
         raw_subject = headers.get(SUBJECT_HEADER)
         if raw_subject is not None:
-            header, subjects = _subjects(raw_subject, policy)
+            header = _parsed(raw_subject)
+            subjects = _compiled(header)
             context = replace(context, header=header, subjects=subjects)
+            _check_policy_takes_subjects(policy)
             _check_path_and_headers(subjects, headers)
         elif policy.require_subject:
             raise Refusal(
                 400, "request", "this tenant requires an X-Cordon-Subject header", code="subject_required"
             )
     except Refusal as refusal:
-        raise _Refused(refusal, policy, route) from None
+        raise _Refused(refusal, policy, route, header.ref if header is not None else None) from None
     encoding = (headers.get("content-encoding") or "identity").strip().lower()
     if encoding != "identity" and not headers.end_of_stream:
         compressed = Refusal(
@@ -189,16 +195,25 @@ def _placeholders(runtime: Runtime, policy: Policy) -> Placeholders:
     return PseudonymMap(runtime.vault.pseudonym_key(policy.tenant))
 
 
-def _subjects(raw: str, policy: Policy) -> tuple[SubjectHeader, CompiledSubjects]:
-    """Parse and compile the declared subjects; anything unreadable is a 400, never a fallback."""
+def _parsed(raw: str) -> SubjectHeader:
+    """The declared subjects; anything unreadable is a 400, never a fallback."""
     try:
-        header = parse_subject_header(raw)
-        subjects = compile_subjects(header)
+        return parse_subject_header(raw)
+    except SubjectHeaderError as exc:
+        raise refusal_for(exc) from None
+
+
+def _compiled(header: SubjectHeader) -> CompiledSubjects:
+    try:
+        return compile_subjects(header)
     except SubjectHeaderError as exc:
         raise refusal_for(exc) from None
     except Exception as exc:
         log.error(json.dumps({"event": "subject_compile_failed", **describe(exc)}))
         raise Refusal(422, "detection", "the declared subjects could not be compiled") from None
+
+
+def _check_policy_takes_subjects(policy: Policy) -> None:
     if policy.mode == "off":
         raise Refusal(
             422,
@@ -212,7 +227,6 @@ def _subjects(raw: str, policy: Policy) -> tuple[SubjectHeader, CompiledSubjects
             "this tenant only reports (reportOnly: true) and would forward the body unchanged; "
             "a request declaring subjects is refused",
         )
-    return header, subjects
 
 
 def _check_path_and_headers(subjects: CompiledSubjects, headers: Headers) -> None:

@@ -12,35 +12,32 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+import regex
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from ext_proc.audit.receipts.chain import ReceiptError
 from ext_proc.audit.receipts.record import ReceiptFields
-from ext_proc.audit.receipts.store import ReceiptStore
 from ext_proc.errors import Refusal
 from ext_proc.exchange.context import RequestContext
 from ext_proc.exchange.headers import RECEIPT_HEADER
 from ext_proc.exchange.record import ExchangeRecord
 from ext_proc.exchange.refusals import refusal_for
 from ext_proc.exchange.request import guarded, survived
-from ext_proc.exchange.runtime import Runtime
+from ext_proc.exchange.runtime import ReceiptStorage, Runtime
 from ext_proc.restore.output_gate import OutputGate
 from ext_proc.restore.restorers import SurrogateRestorer
 from ext_proc.service import wire
 from ext_proc.storage.vault import SurrogateExhausted, SurrogateWanted, VaultError
 from ext_proc.transform.egress import check_body
+from ext_proc.transform.grammar import own_placeholders_bytes, parse_placeholder
 from ext_proc.transform.placeholders import PseudonymMap
 from ext_proc.transform.surrogates import family_of
 
 log = logging.getLogger("cordon.exchange")
-
-# A placeholder of this request as redaction writes it (placeholders.format_placeholder).
-_OWN_PLACEHOLDER = re.compile(r"<([A-Z0-9_]+)_[0-9a-f]+_[0-9]+>")
 
 
 def refused(
@@ -93,10 +90,10 @@ async def claim_surrogates(
     pmap, policy = context.placeholders, context.policy
     wanted: dict[str, SurrogateWanted] = {}
     for text, original in pmap.originals.items():
-        m = _OWN_PLACEHOLDER.fullmatch(text)
-        if m is None:
+        parts = parse_placeholder(text)
+        if parts is None:
             raise AssertionError("the request map holds a key outside the placeholder grammar")
-        wanted[text] = SurrogateWanted(family_of(m.group(1)), original)
+        wanted[text] = SurrogateWanted(family_of(parts.label), original)
     start = time.perf_counter()
     try:
         if runtime.vault is None:
@@ -112,13 +109,12 @@ async def claim_surrogates(
         record.timings["surrogate_ms"] = round((time.perf_counter() - start) * 1000, 3)
     by_placeholder = {text: claimed[item].encode("ascii") for text, item in wanted.items()}
 
-    def swap(m: re.Match[bytes]) -> bytes:
+    def swap(m: regex.Match[bytes]) -> bytes:
         return by_placeholder.get(m.group(0).decode("ascii"), m.group(0))
 
     # Surrogates need no escaping at any depth (ext_proc.transform.surrogates): a bytes
     # substitution is the same as writing them into the document.
-    own = re.compile(rb"<[A-Z0-9_]+_" + pmap.nonce.encode("ascii") + rb"_[0-9]+>")
-    final = own.sub(swap, body)
+    final = own_placeholders_bytes(pmap.nonce).sub(swap, body)
     surrogates = {claimed[item]: item.original for item in wanted.values()}
     runtime.metrics.inc("cordon_surrogate_claims_total", len(claimed))
     subjects = context.subjects
@@ -212,7 +208,7 @@ def _audit_failed(
 
 
 def _settle(
-    runtime: Runtime, store: ReceiptStore, record: ExchangeRecord, uncertain: tuple[str, str]
+    runtime: Runtime, store: ReceiptStorage, record: ExchangeRecord, uncertain: tuple[str, str]
 ) -> None:
     """The append got no answer but may have reached the chain, as `forwarded`: once Redis
     answers, a record found there is followed by this refusal's (`exchange` = its hash)."""

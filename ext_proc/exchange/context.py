@@ -14,6 +14,7 @@ from ext_proc.detect.catalog.engine import Catalog
 from ext_proc.detect.subjects.header import SubjectHeader
 from ext_proc.detect.subjects.matcher import CompiledSubjects
 from ext_proc.dialects import Dialect, RouteInfo
+from ext_proc.dialects.providers import Provider
 from ext_proc.policy.model import Policy
 from ext_proc.transform.placeholders import PlaceholderMap, PseudonymMap
 
@@ -34,7 +35,7 @@ class RequestContext:
         return self.route.dialect
 
     @property
-    def provider(self) -> str:
+    def provider(self) -> Provider:
         return self.route.provider
 
     @property

@@ -81,7 +81,7 @@ class Exchange:
         admission = admit(self.runtime, headers)
         record = self.record
         if not isinstance(admission, Admitted):
-            record.policy, record.route = admission.policy, admission.route
+            record.policy, record.route, record.ref = admission.policy, admission.route, admission.ref
             return await self.commit(Refuse(admission.refusal))
         context = self.context = admission.context
         record.policy, record.route = context.policy, context.route

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from ext_proc.audit.metrics import Metrics
 from ext_proc.audit.receipts.record import Decision, Egress, ReceiptFields, ref_digest
 from ext_proc.dialects import RouteInfo
+from ext_proc.dialects.providers import DEFAULT_PROVIDER, Provider
 from ext_proc.errors import Refusal, Stage
 from ext_proc.policy.model import Policy
 
@@ -49,8 +50,9 @@ class ExchangeRecord:
         return self.route.dialect.name if self.route is not None else "none"
 
     @property
-    def provider(self) -> str:
-        return self.route.provider if self.route is not None else "openai"
+    def provider(self) -> Provider:
+        """Whose error shape a refusal takes: the route's provider, or the default before a route."""
+        return self.route.provider if self.route is not None else DEFAULT_PROVIDER
 
     def refused(self, refusal: Refusal) -> None:
         self.decision = "refused"
@@ -97,7 +99,7 @@ class ExchangeRecord:
         line: dict[str, object] = {
             "event": "exchange",
             "tenant": self.tenant,
-            "provider": self.provider,
+            "provider": self.provider.name,
             "dialect": self.route.dialect.name if self.route else None,
             "mode": self.policy.mode if self.policy else None,
             "decision": self.decision,

@@ -23,15 +23,10 @@ from ext_proc.exchange.context import RequestContext
 from ext_proc.exchange.headers import RECEIPT_HEADER, Headers
 from ext_proc.exchange.record import ExchangeRecord
 from ext_proc.exchange.runtime import Runtime
+from ext_proc.restore.json_body import restore_json_body
 from ext_proc.restore.output_gate import OutputGate
-from ext_proc.restore.restorers import (
-    PseudonymRestorer,
-    Restorer,
-    SseRestorer,
-    SurrogateRestorer,
-    restore_json_body,
-    restorer_for,
-)
+from ext_proc.restore.restorers import PseudonymRestorer, Restorer, SurrogateRestorer, restorer_for
+from ext_proc.restore.sse import SseRestorer
 from ext_proc.service import wire
 from ext_proc.storage.vault import VaultError
 from ext_proc.transform.egress import neutralise_own_markers
@@ -124,7 +119,7 @@ class ReplyReader:
         self.record = record
         self.restorer = restorer
         self.gate = gate
-        self.sse = SseRestorer(restorer, context.dialect.name, gate) if streamed else None
+        self.sse = SseRestorer(restorer, context.dialect, gate) if streamed else None
         self.denied = False  # the output gate refused the reply
         self._finished = False  # the gate has read the whole reply (or refused it)
         self._vault_down = False  # a vault read failed: later placeholders are not looked up
@@ -151,7 +146,7 @@ class ReplyReader:
             refusal = self._deny()
             if end_of_stream:
                 self.record.finish()
-            return wire.response_body(wire.error_event(refusal, self.context.dialect.name))
+            return wire.response_body(self.context.dialect.error_event(refusal))
         if end_of_stream:
             out += sse.finish()
             if gate is not None:
@@ -164,7 +159,7 @@ class ReplyReader:
 
     def _buffered(self, chunk: bytes, end_of_stream: bool) -> pb.ProcessingResponse:
         gate = self.gate
-        restored = restore_json_body(chunk, self.context.dialect.name, self.restorer, gate)
+        restored = restore_json_body(chunk, self.restorer, gate)
         if gate is not None and end_of_stream:
             self._finished = True
         if gate is not None and gate.deny and gate.tripped:

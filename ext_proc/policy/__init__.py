@@ -1,0 +1,3 @@
+"""Tenant policies: the model, loading and validating files, the X-Tenant strictness order, and
+reloading a directory while serving.
+"""

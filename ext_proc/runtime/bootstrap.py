@@ -2,7 +2,8 @@
 
 Routes are named; the ext_proc filter asks Envoy for `xds.route_name` with every request, so the
 processor classifies a request by the route Envoy actually chose instead of re-implementing the
-routing table. `ROUTE_PROVIDERS` is the one list of those names.
+routing table. The upstream routes are rendered from `ROUTE_PROVIDERS` (ext_proc.dialects.routes):
+the provider each leads to, and the prefix it strips.
 """
 
 from __future__ import annotations
@@ -15,19 +16,11 @@ import textwrap
 from pathlib import Path
 from string import Template
 
+from ext_proc.dialects.routes import ROUTE_PROVIDERS
 from ext_proc.runtime.config import Settings, Upstream
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "envoy" / "bootstrap.yaml.tmpl"
 
-# route name -> (provider, path prefix Envoy strips before forwarding)
-ROUTE_PROVIDERS: dict[str, tuple[str, str]] = {
-    "openai": ("openai", ""),
-    "anthropic": ("anthropic", ""),
-    "openai-prefixed": ("openai", "/openai"),
-    "anthropic-prefixed": ("anthropic", "/anthropic"),
-    "openai-authority": ("openai", ""),
-    "anthropic-authority": ("anthropic", ""),
-}
 ADMIN_ROUTE = "admin"
 NOT_FOUND_ROUTE = "not-found"
 
@@ -39,12 +32,19 @@ HCM_TYPE = (
 # Headers for the filter only: stripped by the processor and, should it ever not, by the route.
 FILTER_HEADERS = ("x-cordon-subject", "x-tenant", "x-redact-mode")
 
-_NOT_FOUND = {
-    "status": 404,
-    "body": (
-        '{"error":{"message":"no route for this path","type":"invalid_request_error","code":"not_found"}}'
-    ),
-}
+_NOT_FOUND_BODY = (
+    '{"error":{"message":"no route for this path","type":"invalid_request_error","code":"not_found"}}'
+)
+
+
+def _upstream(name: str, match: str | None = None) -> str:
+    """The route `name` of ROUTE_PROVIDERS: to its provider's cluster; a route with a prefix
+    matches that prefix and strips it."""
+    provider, prefix = ROUTE_PROVIDERS[name]
+    if prefix:
+        return _route(name, f'prefix: "{prefix}/"', provider.name, rewrite="/")
+    assert match is not None, "a route without a prefix of its own says what it matches"
+    return _route(name, match, provider.name)
 
 
 def _route(name: str, match: str, cluster: str, *, rewrite: str | None = None) -> str:
@@ -81,14 +81,13 @@ def _local(name: str, match: str, status: int, body: str, *, filter_off: bool = 
 
 
 def render_routes() -> str:
-    not_found = _local(NOT_FOUND_ROUTE, 'prefix: "/"', _NOT_FOUND["status"], _NOT_FOUND["body"])
+    not_found = _local(NOT_FOUND_ROUTE, 'prefix: "/"', 404, _NOT_FOUND_BODY)
     by_authority = []
-    for provider in ("openai", "anthropic"):
-        routes = "\n".join([_route(f"{provider}-authority", 'prefix: "/v1/"', provider), not_found])
+    for name in ("openai-authority", "anthropic-authority"):
+        host = f"api.{ROUTE_PROVIDERS[name][0].name}.com"
+        routes = "\n".join([_upstream(name, 'prefix: "/v1/"'), not_found])
         by_authority.append(
-            f"- name: {provider}-authority\n"
-            f'  domains: ["api.{provider}.com", "api.{provider}.com:*"]\n'
-            "  routes:\n" + textwrap.indent(routes, "  ")
+            f'- name: {name}\n  domains: ["{host}", "{host}:*"]\n  routes:\n' + textwrap.indent(routes, "  ")
         )
     local_routes = "\n".join(
         [
@@ -96,11 +95,11 @@ def render_routes() -> str:
             # Answered by the processor (it sees request headers even on a direct_response route);
             # the 404 only shows should the processor ever let it through.
             _local(ADMIN_ROUTE, 'prefix: "/admin/", case_sensitive: false', 404, "{}"),
-            _route("anthropic", 'path: "/v1/messages"', "anthropic"),
-            _route("anthropic", 'prefix: "/v1/messages/"', "anthropic"),
-            _route("openai", 'prefix: "/v1/"', "openai"),
-            _route("openai-prefixed", 'prefix: "/openai/"', "openai", rewrite="/"),
-            _route("anthropic-prefixed", 'prefix: "/anthropic/"', "anthropic", rewrite="/"),
+            _upstream("anthropic", 'path: "/v1/messages"'),
+            _upstream("anthropic", 'prefix: "/v1/messages/"'),
+            _upstream("openai", 'prefix: "/v1/"'),
+            _upstream("openai-prefixed"),
+            _upstream("anthropic-prefixed"),
             not_found,
         ]
     )

@@ -22,9 +22,10 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from ext_proc.audit.receipts.chain import ReceiptError
 from ext_proc.audit.receipts.record import ref_digest, valid_tenant
-from ext_proc.audit.receipts.store import ReceiptStore
 from ext_proc.audit.receipts.verify import ChainBroken
+from ext_proc.dialects.providers import DEFAULT_PROVIDER
 from ext_proc.errors import Refusal
+from ext_proc.exchange.runtime import ReceiptStorage
 from ext_proc.service import wire as envoy
 
 log = logging.getLogger("cordon.admin")
@@ -34,7 +35,7 @@ MAX_REF_CHARS = 256
 
 
 def _refuse(status: int, message: str) -> pb.ProcessingResponse:
-    return envoy.refuse(Refusal(status, "admin", message, code="admin"), "openai")
+    return envoy.refuse(Refusal(status, "admin", message, code="admin"), DEFAULT_PROVIDER)
 
 
 def _query(path: str) -> dict[str, str] | str:
@@ -57,7 +58,7 @@ async def answer(
     bearer: str | None,
     *,
     token: str | None,
-    store: ReceiptStore | None,
+    store: ReceiptStorage | None,
     secret: bytes,
 ) -> pb.ProcessingResponse:
     if not token:
@@ -113,7 +114,9 @@ async def answer(
         }
         return envoy.answer(409, json.dumps(body, separators=(",", ":")).encode())
     except ReceiptError as exc:
-        return envoy.refuse(Refusal(503, "audit", f"the receipt store cannot be read: {exc}"), "openai")
+        return envoy.refuse(
+            Refusal(503, "audit", f"the receipt store cannot be read: {exc}"), DEFAULT_PROVIDER
+        )
     records.sort(key=lambda r: str(r["time"]))
-    body = {"verified": tenants, "records": records}
-    return envoy.answer(200, json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+    answered: dict[str, object] = {"verified": tenants, "records": records}
+    return envoy.answer(200, json.dumps(answered, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))

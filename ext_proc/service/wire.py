@@ -2,22 +2,25 @@
 
 Everything that talks back to Envoy goes through here, so the wire details (which oneof, raw_value
 for headers, content-length after a body rewrite, mode overrides setting both body modes) live in
-one file. A `Refusal` becomes an `ImmediateResponse` in `refuse()` and nowhere else.
+one file. A `Refusal` becomes an `ImmediateResponse` in `refuse()` and nowhere else; its body is
+the provider's error shape (ext_proc.dialects.providers).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
+from typing import TypeAlias
 
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from google.protobuf import duration_pb2
 
+from ext_proc.dialects.providers import Provider
 from ext_proc.errors import Refusal
 
-ProcessingMode = processing_mode_pb2.ProcessingMode
+# The generated protobuf module carries no types: to the checker its message class is opaque.
+ProcessingMode: TypeAlias = processing_mode_pb2.ProcessingMode
 NONE = ProcessingMode.BodySendMode.NONE
 BUFFERED = ProcessingMode.BodySendMode.BUFFERED
 STREAMED = ProcessingMode.BodySendMode.STREAMED
@@ -25,16 +28,6 @@ SKIP = ProcessingMode.HeaderSendMode.SKIP
 SEND = ProcessingMode.HeaderSendMode.SEND
 
 Headers = Iterable[tuple[str, str]]
-
-_ANTHROPIC_ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    422: "invalid_request_error",
-    429: "rate_limit_error",
-}
 
 
 def _header(name: str, value: str) -> base_pb2.HeaderValueOption:
@@ -123,43 +116,16 @@ def extend_timeout(seconds: float) -> pb.ProcessingResponse:
     )
 
 
-def error_body(refusal: Refusal, provider: str) -> bytes:
-    """The refusal in the dialect's own error shape; names stage and kind, never a value."""
-    detail: dict[str, object] = {"message": refusal.message, "stage": refusal.stage}
-    if refusal.kind:
-        detail["kind"] = refusal.kind
-    if provider == "anthropic":
-        error_type = _ANTHROPIC_ERROR_TYPES.get(refusal.status, "api_error")
-        payload: dict[str, object] = {"type": "error", "error": {"type": error_type, **detail}}
-    else:
-        error_type = "invalid_request_error" if refusal.status < 500 else "server_error"
-        payload = {"error": {**detail, "type": error_type, "param": None, "code": refusal.code}}
-    return json.dumps(payload, separators=(",", ":")).encode("utf-8")
-
-
-def error_event(refusal: Refusal, dialect: str) -> bytes:
-    """The refusal as the dialect's own stream error event (how each API ends a stream that
-    failed): Chat a `data:` error object, Responses an `error` event, Messages an `error` event."""
-    if dialect == "messages":
-        payload = error_body(refusal, "anthropic")
-        return b"event: error\ndata: " + payload + b"\n\n"
-    detail = json.loads(error_body(refusal, "openai"))["error"]
-    if dialect == "responses":
-        event = {"type": "error", "code": refusal.code, "message": refusal.message, "param": None}
-        event["error"] = detail  # the error object too: what the SDKs look for in a data payload
-        return b"event: error\ndata: " + json.dumps(event, separators=(",", ":")).encode("utf-8") + b"\n\n"
-    return b"data: " + json.dumps({"error": detail}, separators=(",", ":")).encode("utf-8") + b"\n\n"
-
-
-def refuse(refusal: Refusal, provider: str, extra_headers: Headers = ()) -> pb.ProcessingResponse:
-    body = error_body(refusal, provider)
+def refuse(refusal: Refusal, provider: Provider, extra_headers: Headers = ()) -> pb.ProcessingResponse:
+    """The refusal as Envoy's immediate answer, its body in the provider's error shape."""
+    body = provider.error_body(refusal)
     headers = [
         ("content-type", "application/json"),
         ("x-cordon-stage", refusal.stage),
         *extra_headers,
     ]
     immediate = pb.ImmediateResponse(body=body, details=f"cordon_refused_{refusal.stage}")
-    immediate.status.code = refusal.status  # type: ignore[assignment]
+    immediate.status.code = refusal.status
     immediate.headers.CopyFrom(_mutation(headers))
     return pb.ProcessingResponse(immediate_response=immediate)
 
@@ -167,7 +133,7 @@ def refuse(refusal: Refusal, provider: str, extra_headers: Headers = ()) -> pb.P
 def answer(status: int, body: bytes, headers: Headers = ()) -> pb.ProcessingResponse:
     """A local answer that is not a refusal (the admin API)."""
     immediate = pb.ImmediateResponse(body=body, details="cordon_local")
-    immediate.status.code = status  # type: ignore[assignment]
+    immediate.status.code = status
     immediate.headers.CopyFrom(_mutation([("content-type", "application/json"), *headers]))
     return pb.ProcessingResponse(immediate_response=immediate)
 

@@ -47,7 +47,6 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-import regex
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -57,7 +56,8 @@ from ext_proc.audit.receipts.chain import tenant_key
 from ext_proc.audit.receipts.record import valid_tenant
 from ext_proc.errors import CordonError
 from ext_proc.storage.redis_client import RedisClient, bounded, connect
-from ext_proc.transform.placeholders import PSEUDONYM_HEX_CHARS, PSEUDONYM_LABELS, normalise_value
+from ext_proc.transform.grammar import pseudonym_label
+from ext_proc.transform.placeholders import normalise_value
 from ext_proc.transform.surrogates import MAX_ATTEMPTS, candidate, claim_form
 
 _T = TypeVar("_T")
@@ -66,8 +66,6 @@ VERSION = b"\x01"
 NONCE_BYTES = 12
 HKDF_SALT = b"cordon tenant keys v1"
 MAX_BATCH = 1000  # keys per MGET / pipeline: one round trip each
-_LABELS = "|".join(sorted(PSEUDONYM_LABELS, key=len, reverse=True))
-_CANONICAL = regex.compile(rf"<({_LABELS})_([0-9a-f]{{{PSEUDONYM_HEX_CHARS}}})>")
 
 
 class VaultError(CordonError):
@@ -207,7 +205,7 @@ class Vault:
         return self.keys(tenant).pseudonym
 
     def entry_key(self, tenant: str, placeholder: str) -> str:
-        if _CANONICAL.fullmatch(placeholder) is None:
+        if pseudonym_label(placeholder) is None:
             raise ValueError("not a consistent pseudonym")
         return tenant_key(self._prefix, tenant, f"vault:{placeholder[1:-1]}")
 

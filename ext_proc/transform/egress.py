@@ -1,4 +1,4 @@
-"""The egress check (SPEC §6): the final outgoing body, read again, independently of redaction.
+"""The egress check: the final outgoing body, read again, independently of redaction.
 
 Redaction decides what to replace; this module only asks whether any declared identifier is
 still there, in the bytes that would leave. It re-parses the final body itself and reads:
@@ -8,9 +8,9 @@ still there, in the bytes that would leave. It re-parses the final body itself a
 - number literals inside strings, expanded the same way (`"4.045550187e9"`);
 - JSON carried inside strings (tool-call `arguments`), parsed and read at any depth up to the
   limit, in addition to the string's own text.
-It skips only media payload bytes at their schema positions (ext_proc.media.parts), which the media
-policy judges. It runs whatever the tenant redacts: system prompts under `redactSystem: false`,
-metadata, tool definitions and object keys are all read.
+It skips only media payload bytes at their schema positions (the dialect's, ext_proc.dialects),
+which the media policy judges. It runs whatever the tenant redacts: system prompts under
+`redactSystem: false`, metadata, tool definitions and object keys are all read.
 
 Matching (separator-blind, case- and accent-insensitive, word/number-bounded) belongs to the
 compiled subjects; this module is the traversal.
@@ -18,7 +18,6 @@ compiled subjects; this module is the traversal.
 
 from __future__ import annotations
 
-import functools
 import json
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
@@ -29,6 +28,7 @@ import regex
 from ext_proc.detect.memo import MEMO
 from ext_proc.dialects import Dialect
 from ext_proc.errors import DetectionError
+from ext_proc.transform.grammar import own_markers
 from ext_proc.transform.walk import MAX_DEPTH, NestingTooDeep, looks_like_json
 
 # Exponent literals in text; plain integers in text need no expansion (they read as themselves).
@@ -84,24 +84,10 @@ def _parse(text: str) -> Any:
         raise NestingTooDeep() from None
 
 
-# Placeholders and strip markers. This request's own (its nonce, and every strip marker) are the
-# only text known to carry no value; their random nonce could, by chance, spell a short declared
-# id, so the check reads them as a separator. A placeholder with another nonce (typed by a user)
-# is read like any text.
-OWN_MARKERS = r"<[A-Z][A-Z0-9_]*_{nonce}_[0-9]+>|\[(?:SUBJECT[0-9]+_)?[A-Z][A-Z_]*\]"
-
-
 def neutralise_own_markers(text: str, nonce: str) -> str:
-    return _own_markers(nonce).sub(" ", text, timeout=REGEX_TIMEOUT)
-
-
-@functools.lru_cache(maxsize=256)
-def _own_markers(nonce: str) -> regex.Pattern[str]:
-    """OWN_MARKERS for one nonce, compiled once per request: a plain substitution in C, no Python
-    callback per marker (a redacted megabyte carries thousands)."""
-    if not nonce or not all(ch in "0123456789abcdef" for ch in nonce):
-        raise ValueError("a nonce is lowercase hex")
-    return regex.compile(OWN_MARKERS.format(nonce=nonce))
+    """`text` with this request's own placeholders and every strip marker read as a space
+    (ext_proc.transform.grammar.own_markers); a placeholder with another nonce is read as text."""
+    return own_markers(nonce).sub(" ", text, timeout=REGEX_TIMEOUT)
 
 
 class _Reader:
@@ -190,7 +176,9 @@ def check_body(
         # Not JSON (cannot happen for a body the pipeline forwards, but never pass unread bytes).
         hit = _Reader(finder, set(), nonce).text(text, 0)
         return EgressHit(hit) if hit else None
-    media = {(id(part.container), part.key) for part in dialect.media(doc) if part.is_bytes}
+    media: set[tuple[int, object]] = {
+        (id(part.container), part.key) for part in dialect.media(doc) if part.is_bytes
+    }
     try:
         hit = _Reader(finder, media, nonce).value(doc, 0)
     except TimeoutError:

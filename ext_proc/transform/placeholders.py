@@ -1,17 +1,18 @@
-"""The placeholder grammars (SPEC §8), shared by redaction (which writes them) and restore.
+"""The placeholder maps: which placeholder each original of a request gets.
 
-Per-request placeholders (the default) are `<{LABEL}_{nonce}_{i}>`: LABEL is a kind (`EMAIL`,
-`CREDIT_CARD`) or a subject label (`SUBJECT1_NAME`), `nonce` a per-request random value of
-lowercase hex, `i` the 1-based index of the distinct original under that label. The nonce is what
-makes restore touch only this request's placeholders: a user who types `<EMAIL_1>` into a prompt
-gets it back unchanged.
+Redaction (ext_proc.transform.redact) asks a map for the placeholder of each detected value; the
+map remembers the original, which restore (ext_proc.restore) puts back in the reply. How a
+placeholder is written and read is ext_proc.transform.grammar.
 
-Consistent pseudonyms (`consistentPseudonyms: true`) are `<{LABEL}_{digest}>`: `digest` is the
-first PSEUDONYM_HEX_CHARS lowercase hex digits of HMAC-SHA256 under the tenant's pseudonym key
-(derived from TENANT_SECRET, ext_proc.storage.vault) of the label and the normalised original, so the same
-value gets the same placeholder in every request of the tenant, and another tenant gets another
-one. 80 bits: two of a tenant's values share a digest with probability about n² / 2⁸¹ (10⁻⁷ for a
-billion values), and a request that would put two values under one placeholder fails instead.
+Per-request placeholders (the default) carry a per-request random nonce: restore touches only
+this request's placeholders, so a user who types `<EMAIL_1>` into a prompt gets it back unchanged.
+
+Consistent pseudonyms (`consistentPseudonyms: true`) carry instead the first PSEUDONYM_HEX_CHARS
+lowercase hex digits of HMAC-SHA256 under the tenant's pseudonym key (derived from TENANT_SECRET,
+ext_proc.storage.vault) of the label and the normalised original, so the same value gets the same
+placeholder in every request of the tenant, and another tenant gets another one. 80 bits: two of
+a tenant's values share a digest with probability about n² / 2⁸¹ (10⁻⁷ for a billion values), and
+a request that would put two values under one placeholder fails instead.
 
 Labels of consistent pseudonyms must not depend on the request: a subject's position in the
 header (`SUBJECT2_NAME`) changes with the order the caller lists its subjects in, so a declared
@@ -32,17 +33,16 @@ from typing import Protocol
 
 import regex
 
-from ext_proc.detect.findings import CATALOG_KINDS
 from ext_proc.detect.normalize import INVISIBLE
-from ext_proc.detect.subjects.header import KINDS as SUBJECT_KINDS
 from ext_proc.errors import CordonError
+from ext_proc.transform.grammar import (
+    NONCE_HEX_CHARS,
+    PSEUDONYM_HEX_CHARS,
+    PSEUDONYM_LABELS,
+    format_placeholder,
+    format_pseudonym,
+)
 
-NONCE_HEX_CHARS = 8
-PSEUDONYM_HEX_CHARS = 20  # 80 bits of HMAC-SHA256
-
-# Every label a consistent pseudonym can carry: restore looks for all of them, since a reply may
-# mention a placeholder of an earlier request whose labels this request never used.
-PSEUDONYM_LABELS: tuple[str, ...] = (*CATALOG_KINDS, *(f"SUBJECT_{kind}" for kind in SUBJECT_KINDS))
 _PSEUDONYM_LABEL_SET = frozenset(PSEUDONYM_LABELS)
 _SUBJECT_POSITION = regex.compile(r"SUBJECT[0-9]+_")
 
@@ -58,15 +58,6 @@ class Placeholders(Protocol):
 
 def new_nonce() -> str:
     return secrets.token_hex(NONCE_HEX_CHARS // 2)
-
-
-def format_placeholder(label: str, nonce: str, index: int) -> str:
-    return f"<{label}_{nonce}_{index}>"
-
-
-def strip_marker(label: str) -> str:
-    """What `strip` mode writes instead of a reversible placeholder."""
-    return f"[{label}]"
 
 
 @dataclass(slots=True)
@@ -135,10 +126,6 @@ def pseudonym_digest(key: bytes, label: str, original: str) -> str:
     """
     message = label.encode("ascii") + b"\x00" + normalise_value(original).encode("utf-8", "surrogatepass")
     return hmac.new(key, message, hashlib.sha256).hexdigest()[:PSEUDONYM_HEX_CHARS]
-
-
-def format_pseudonym(label: str, digest: str) -> str:
-    return f"<{label}_{digest}>"
 
 
 @dataclass(slots=True)

@@ -11,7 +11,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 
 from ext_proc.detect.findings import Finding
-from ext_proc.transform.placeholders import Placeholders, strip_marker
+from ext_proc.transform.grammar import strip_marker
+from ext_proc.transform.placeholders import Placeholders
 
 SUBJECT_PRIORITY_LIMIT = 10  # priorities below this are declared-subject matchers
 

@@ -48,11 +48,12 @@ from ext_proc.detect.catalog.engine import Catalog
 from ext_proc.detect.findings import ALL_SETS
 from ext_proc.detect.subjects.header import encode_subject_header, parse_subject_header
 from ext_proc.detect.subjects.matcher import compile_subjects
-from ext_proc.dialects import classify
+from ext_proc.dialects import DIALECTS, classify
 from ext_proc.exchange.pipeline import find_media, redact_document
 from ext_proc.exchange.reply import build_output_gate
 from ext_proc.policy.load import load_policy_dir
-from ext_proc.restore.restorers import Restorer, SseRestorer
+from ext_proc.restore.restorers import Restorer
+from ext_proc.restore.sse import SseRestorer
 from ext_proc.transform.egress import check_body
 from ext_proc.transform.placeholders import PlaceholderMap
 from ext_proc.transform.walk import dump_json, parse_json
@@ -895,7 +896,7 @@ def chat_sse(text: str, delta_chars: int) -> list[bytes]:
 
 
 def sse_restore(plan: Plan) -> list[Row]:
-    """ext_proc.restore.restorers.SseRestorer over ~1000 small delta events, one event per chunk: restore
+    """ext_proc.restore.sse.SseRestorer over ~1000 small delta events, one event per chunk: restore
     alone, and with the output gate reporting (the default policy) or denying (read every chunk)."""
     pmap = PlaceholderMap()
     values = [(kind, SAMPLES[kind]) for kind in ("EMAIL", "PHONE", "CREDIT_CARD")]
@@ -918,7 +919,7 @@ def sse_restore(plan: Plan) -> list[Row]:
             gate = None
             if gated is not None:
                 gate = build_output_gate(catalog, Restorer(pmap), deny=gated == "deny")
-            restorer = SseRestorer(Restorer(pmap), "chat", gate)
+            restorer = SseRestorer(Restorer(pmap), DIALECTS["chat"], gate)
             start = time.perf_counter()
             out = []
             for event in events:

@@ -1,5 +1,5 @@
-"""Consistent pseudonyms and the vault end to end (SPEC §8, issue 7 parts 1 and 2): real Envoy,
-real ext_proc workers, real Redis, the fake upstream, the official SDKs.
+"""Consistent pseudonyms and the vault end to end: real Envoy, real ext_proc workers, real Redis,
+the fake upstream, the official SDKs.
 
 Turn 1 sends a value; turn 2 sends a request without it, and the fake upstream is told
 (`x-fake-reply`) to answer with turn 1's placeholder only: the client must get the value back, in
@@ -29,7 +29,7 @@ import redis
 from ext_proc.detect.normalize import fold
 from ext_proc.detect.subjects.header import encode_subject_header
 from ext_proc.policy.model import hash_api_key
-from ext_proc.transform.placeholders import PSEUDONYM_HEX_CHARS
+from ext_proc.transform.grammar import PSEUDONYM_HEX_CHARS
 from tests.support.e2e import (
     PERSON,
     SAMPLES,

@@ -19,6 +19,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
+from ext_proc.dialects.routes import ROUTE_PROVIDERS
 from ext_proc.runtime import bootstrap
 from ext_proc.runtime.config import ConfigError, Settings, parse_upstream
 from ext_proc.runtime.stack import Stack, StackError, envoy_binary
@@ -232,8 +233,8 @@ def test_every_upstream_route_strips_filter_headers(rendered: Rendered) -> None:
     assert upstream_routes
     for route in upstream_routes:
         assert set(route["request_headers_to_remove"]) >= FILTER_HEADERS
-        provider, prefix = bootstrap.ROUTE_PROVIDERS[route["name"]]
-        assert route["route"]["cluster"] == provider
+        provider, prefix = ROUTE_PROVIDERS[route["name"]]
+        assert route["route"]["cluster"] == provider.name
         if prefix:
             assert route["match"]["prefix"] == prefix + "/"
             assert route["route"]["prefix_rewrite"] == "/"
@@ -244,7 +245,7 @@ def test_routes_named_as_the_classifier_expects(rendered: Rendered) -> None:
     """The route names the bootstrap renders are exactly the ones `ROUTE_PROVIDERS` knows."""
     names = {r["name"] for r in routes(rendered.doc)}
     upstream = {r["name"] for r in routes(rendered.doc) if "route" in r}
-    assert upstream == set(bootstrap.ROUTE_PROVIDERS)
+    assert upstream == set(ROUTE_PROVIDERS)
     assert {bootstrap.ADMIN_ROUTE, bootstrap.NOT_FOUND_ROUTE, "healthz"} <= names
 
 
@@ -357,7 +358,7 @@ def test_a_taken_bench_port_stops_the_stack_before_it_starts(tmp_path: Path) -> 
 
 
 def test_defaults() -> None:
-    """An empty environment gives the documented defaults (SPEC §3)."""
+    """An empty environment gives the documented defaults."""
     s = Settings.from_env({})
     assert (s.listen_port, s.tls_port, s.envoy_admin_port, s.extproc_port) == (10000, 10443, 9901, 50051)
     assert s.max_body_bytes == 33554432

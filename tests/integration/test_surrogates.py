@@ -19,11 +19,15 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ext_proc.dialects import DIALECTS
 from ext_proc.errors import Refusal
 from ext_proc.exchange.admission import override_mode
 from ext_proc.policy.load import deployment_check
 from ext_proc.policy.model import Policy, PolicyError
-from ext_proc.restore.restorers import SseRestorer, StreamRestorer, SurrogateRestorer, restore_json_body
+from ext_proc.restore.json_body import restore_json_body
+from ext_proc.restore.restorers import SurrogateRestorer
+from ext_proc.restore.sse import SseRestorer
+from ext_proc.restore.stream import StreamRestorer
 from ext_proc.storage.vault import (
     SURROGATE_PURPOSE,
     SurrogateExhausted,
@@ -411,7 +415,7 @@ def test_restore_is_exact_case_blind_and_word_bounded() -> None:
 
 def test_restore_json_body_and_the_gate_view() -> None:
     body = json.dumps({"choices": [{"message": {"content": "Hi Nadia Okafor"}}]}).encode()
-    out = json.loads(restore_json_body(body, "chat", restorer()))
+    out = json.loads(restore_json_body(body, restorer()))
     assert out["choices"][0]["message"]["content"] == "Hi Marisol Quintero-Vance"
     gate_view = restorer().neutralise("mail nadia.okafor07@example.invalid, zed.other99@example.invalid ok")
     assert "@" not in gate_view
@@ -486,7 +490,7 @@ def delta_text(dialect: str, raw: bytes) -> str:
 @pytest.mark.parametrize("dialect", sorted(STREAMS))
 def test_sse_in_every_dialect_restores_split_surrogates(dialect: str, chunk: int) -> None:
     raw = sse(STREAMS[dialect])
-    restorer_sse = SseRestorer(restorer(), dialect)
+    restorer_sse = SseRestorer(restorer(), DIALECTS[dialect])
     out = b"".join(restorer_sse.feed(raw[i : i + chunk]) for i in range(0, len(raw), chunk))
     out += restorer_sse.finish()
     assert delta_text(dialect, out) == RESTORED

@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ext_proc.detect.catalog.engine import Catalog
-from ext_proc.restore.restorers import Restorer, StreamRestorer
+from ext_proc.restore.restorers import Restorer
+from ext_proc.restore.stream import StreamRestorer
 from ext_proc.transform.placeholders import PlaceholderMap
 from ext_proc.transform.redact import resolve_overlaps, reversible, rewrite, strip
 

@@ -1,4 +1,4 @@
-"""Route + path → provider and dialect; media found exactly at the schema positions of SPEC §7."""
+"""Route + path → provider and dialect; media found exactly at the positions each API's schema defines."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from ext_proc.dialects import DIALECTS, classify
-from ext_proc.runtime.bootstrap import ADMIN_ROUTE, NOT_FOUND_ROUTE, ROUTE_PROVIDERS
+from ext_proc.dialects.routes import ROUTE_PROVIDERS
+from ext_proc.runtime.bootstrap import ADMIN_ROUTE, NOT_FOUND_ROUTE
 
 # --- classification -----------------------------------------------------------------------------
 
@@ -51,7 +52,7 @@ def test_classify(route: str, path: str, provider: str, dialect: str) -> None:
     """Each upstream route and path lands on the provider and dialect it means."""
     info = classify(route, path)
     assert info is not None
-    assert (info.provider, info.dialect.name) == (provider, dialect)
+    assert (info.provider.name, info.dialect.name) == (provider, dialect)
     assert info.dialect is DIALECTS[dialect]
 
 
@@ -346,7 +347,7 @@ MEDIA_CASES: dict[str, tuple[str, dict[str, Any], list[Expect]]] = {
         ),
         [Expect("document", "base64", (*MSG0, 0, "content", "content", "source"), "data", B64)],
     ),
-    "anthropic-document-text": (  # every source type (SPEC §7): a document, its text read as text
+    "anthropic-document-text": (  # a document of any source type is media; its text is read as text
         "messages",
         messages(block("document", {"type": "text", "media_type": "text/plain", "data": "plain words"})),
         [Expect("document", "text", (*MSG0, 0, "source"), "data", "plain words")],

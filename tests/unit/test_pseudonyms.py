@@ -20,18 +20,14 @@ from hypothesis import strategies as st
 from ext_proc.detect.subjects.header import encode_subject_header, parse_subject_header
 from ext_proc.detect.subjects.matcher import compile_subjects
 from ext_proc.dialects import DIALECTS
-from ext_proc.restore.restorers import (
-    PseudonymRestorer,
-    SseRestorer,
-    StreamRestorer,
-    restore_json_body,
-    restorer_for,
-)
+from ext_proc.restore.json_body import restore_json_body
+from ext_proc.restore.restorers import PseudonymRestorer, restorer_for
+from ext_proc.restore.sse import SseRestorer
+from ext_proc.restore.stream import StreamRestorer
 from ext_proc.transform import placeholders
 from ext_proc.transform.egress import check_body
+from ext_proc.transform.grammar import PSEUDONYM_HEX_CHARS, PSEUDONYM_LABELS
 from ext_proc.transform.placeholders import (
-    PSEUDONYM_HEX_CHARS,
-    PSEUDONYM_LABELS,
     PseudonymCollision,
     PseudonymMap,
     pseudonym_digest,
@@ -247,7 +243,7 @@ def test_restore_json_body_with_the_vault() -> None:
     message = {"content": content, "tool_calls": [{"function": {"arguments": arguments}}]}
     body = json.dumps({"choices": [{"message": message}], "id": "chatcmpl-" + "a" * 24}).encode()
     restorer = PseudonymRestorer(NOW)
-    first = json.loads(restore_json_body(body, "chat", restorer))["choices"][0]["message"]
+    first = json.loads(restore_json_body(body, restorer))["choices"][0]["message"]
     assert first["content"] == content  # the first run restores the map and collects the rest
     assert json.loads(first["tool_calls"][0]["function"]["arguments"]) == {
         "card": EARLIER_PH[2],
@@ -256,7 +252,7 @@ def test_restore_json_body_with_the_vault() -> None:
     wanted = restorer.take_unresolved()
     assert wanted == set(EARLIER_PH)
     restorer.learn(vault_answer(VAULT, wanted), wanted)
-    out = json.loads(restore_json_body(body, "chat", restorer))["choices"][0]["message"]
+    out = json.loads(restore_json_body(body, restorer))["choices"][0]["message"]
     assert out["content"] == f"Mail {EARLIER[0][1]} for {EARLIER[1][1]}"
     assert json.loads(out["tool_calls"][0]["function"]["arguments"]) == {"card": EARLIER[2][1], "p": ORIG[0]}
 
@@ -268,7 +264,7 @@ def run_with_vault(dialect: str, chunks: list[bytes], vault: Mapping[str, str] |
     """The exchange's loop: per chunk (the last one with the end of the stream), restore; if
     placeholders outside the map came up, ask the vault, roll back, restore the chunk again."""
     restorer = PseudonymRestorer(NOW)
-    sse = SseRestorer(restorer, dialect)
+    sse = SseRestorer(restorer, DIALECTS[dialect])
     out: list[bytes] = []
     for i, chunk in enumerate(chunks):
         last = i == len(chunks) - 1
@@ -328,9 +324,9 @@ def test_a_rolled_back_chunk_leaves_no_trace() -> None:
     stream = STREAMS["messages"]
     restorer = PseudonymRestorer(NOW)
     restorer.learn(VAULT, VAULT)
-    reference = SseRestorer(restorer, "messages")
+    reference = SseRestorer(restorer, DIALECTS["messages"])
     expected = reference.feed(stream) + reference.finish()
-    sse = SseRestorer(restorer, "messages")
+    sse = SseRestorer(restorer, DIALECTS["messages"])
     half = len(stream) // 2
     head = sse.feed(stream[:half])
     before = sse.checkpoint()

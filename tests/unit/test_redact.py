@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ext_proc.detect.findings import Finding
-from ext_proc.transform.placeholders import NONCE_HEX_CHARS, PlaceholderMap, format_placeholder, strip_marker
+from ext_proc.transform.grammar import NONCE_HEX_CHARS, format_placeholder, strip_marker
+from ext_proc.transform.placeholders import PlaceholderMap
 from ext_proc.transform.redact import SUBJECT_PRIORITY_LIMIT, resolve_overlaps, reversible, rewrite, strip
 
 PLACEHOLDER = re.compile(r"^<[A-Z0-9_]+_[0-9a-f]{8}_[1-9][0-9]*>$")

@@ -21,7 +21,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ext_proc.restore.restorers import Restorer, SseRestorer, StreamRestorer, restore_json_body
+from ext_proc.dialects import DIALECTS
+from ext_proc.restore.json_body import restore_json_body
+from ext_proc.restore.restorers import Restorer
+from ext_proc.restore.sse import SseRestorer
+from ext_proc.restore.stream import StreamRestorer
 from ext_proc.transform.placeholders import PlaceholderMap
 
 NONCE = "ab12cd34"
@@ -135,7 +139,7 @@ def test_an_empty_map_restores_nothing() -> None:
     assert empty.restore_text(PH[0]) == PH[0]
     stream = StreamRestorer(empty)
     assert stream.feed("<EMA") == "<EMA" and stream.flush() == ""
-    sse = SseRestorer(empty, "chat")
+    sse = SseRestorer(empty, DIALECTS["chat"])
     chunk = b'data: {"choices":[{"index":0,"delta":{"content":"<EMA"}}]}\n\n'
     assert sse.feed(chunk[:7]) == chunk[:7] and sse.feed(chunk[7:]) == chunk[7:] and sse.finish() == b""
 
@@ -252,7 +256,7 @@ MESSAGES_BODY: dict[str, Any] = {
 
 
 def test_chat_body_is_restored_with_tool_arguments_kept_valid() -> None:
-    out = json.loads(restore_json_body(json.dumps(CHAT_BODY).encode(), "chat", R))
+    out = json.loads(restore_json_body(json.dumps(CHAT_BODY).encode(), R))
     message = out["choices"][0]["message"]
     assert message["content"] == f"I wrote to {ORIG[0]} about {ORIG[4]}."
     arguments = json.loads(message["tool_calls"][0]["function"]["arguments"])
@@ -261,7 +265,7 @@ def test_chat_body_is_restored_with_tool_arguments_kept_valid() -> None:
 
 
 def test_responses_body_is_restored_keys_included() -> None:
-    out = json.loads(restore_json_body(json.dumps(RESPONSES_BODY).encode(), "responses", R))
+    out = json.loads(restore_json_body(json.dumps(RESPONSES_BODY).encode(), R))
     assert out["output"][0]["content"][0]["text"] == f"Card {ORIG[3]} noted."
     assert json.loads(out["output"][1]["arguments"]) == {"iban": ORIG[7]}
     assert out["metadata"] == {ORIG[6]: "keyed by a placeholder"}
@@ -269,7 +273,7 @@ def test_responses_body_is_restored_keys_included() -> None:
 
 def test_messages_body_is_restored_in_every_block() -> None:
     body = json.dumps(MESSAGES_BODY, ensure_ascii=False).encode()
-    out = json.loads(restore_json_body(body, "messages", R))
+    out = json.loads(restore_json_body(body, R))
     assert out["content"][0]["thinking"] == f"The user is {ORIG[5]}."
     assert out["content"][0]["signature"] == "EqQBCgIYAhIM"
     assert out["content"][1]["text"] == f"Calling {ORIG[2]} now."
@@ -278,14 +282,14 @@ def test_messages_body_is_restored_in_every_block() -> None:
 
 def test_a_body_without_the_nonce_is_the_same_bytes() -> None:
     body = json.dumps({**CHAT_BODY, "choices": []}, indent=2).encode()
-    assert restore_json_body(body, "chat", R) is body
+    assert restore_json_body(body, R) is body
     look_alike = b'{"text": "<EMAIL_ab12cd34_9> stays"}'  # the nonce, but nothing of the map
-    assert restore_json_body(look_alike, "chat", R) is look_alike
+    assert restore_json_body(look_alike, R) is look_alike
 
 
 def test_a_body_that_is_not_json_is_restored_as_text() -> None:
     body = f"plain {PH[0]} text".encode()
-    assert restore_json_body(body, "generic", R) == f"plain {ORIG[0]} text".encode()
+    assert restore_json_body(body, R) == f"plain {ORIG[0]} text".encode()
 
 
 # --- SSE: a client's view ---------------------------------------------------------------------
@@ -688,24 +692,24 @@ def assert_no_empty_deltas(out: bytes, received: bytes) -> None:
 @pytest.mark.parametrize("dialect", list(CASES))
 def test_sse_stream_split_at_every_byte(dialect: str) -> None:
     stream = SHORT_CASES[dialect]
-    whole = run(SseRestorer(R, dialect), [stream])
+    whole = run(SseRestorer(R, DIALECTS[dialect]), [stream])
     CHECKS[dialect](whole, SHORT)
     assert_no_empty_deltas(whole, stream)
     for i in range(len(stream) + 1):
         # Event framing does not depend on where Envoy cut the body: the output is the same bytes.
-        assert run(SseRestorer(R, dialect), [stream[:i], stream[i:]]) == whole, i
+        assert run(SseRestorer(R, DIALECTS[dialect]), [stream[:i], stream[i:]]) == whole, i
 
 
 @pytest.mark.parametrize("dialect", list(CASES))
 def test_sse_stream_random_multi_splits(dialect: str) -> None:
     stream = CASES[dialect]
-    whole = run(SseRestorer(R, dialect), [stream])
+    whole = run(SseRestorer(R, DIALECTS[dialect]), [stream])
     assert_no_empty_deltas(whole, stream)
     rng = random.Random(dialect)
     for _ in range(200):
         cuts = [rng.randrange(len(stream) + 1) for _ in range(rng.randrange(1, 40))]
-        assert run(SseRestorer(R, dialect), splits(stream, cuts)) == whole
-    byte_by_byte = run(SseRestorer(R, dialect), [stream[i : i + 1] for i in range(len(stream))])
+        assert run(SseRestorer(R, DIALECTS[dialect]), splits(stream, cuts)) == whole
+    byte_by_byte = run(SseRestorer(R, DIALECTS[dialect]), [stream[i : i + 1] for i in range(len(stream))])
     assert byte_by_byte == whole
     CHECKS[dialect](whole, Expect())
 
@@ -713,11 +717,13 @@ def test_sse_stream_random_multi_splits(dialect: str) -> None:
 @pytest.mark.parametrize("dialect", list(CASES))
 def test_sse_with_crlf_line_endings(dialect: str) -> None:
     stream = build(dialect, MODEL_TEXT, MODEL_ARGS, THINKING, newline="\r\n")
-    whole = run(SseRestorer(R, dialect), [stream])
+    whole = run(SseRestorer(R, DIALECTS[dialect]), [stream])
     CHECKS[dialect](whole, Expect())
     assert b"\n" not in whole.replace(b"\r\n", b"")  # what we write keeps the stream's line endings
     for i in range(0, len(stream), 29):  # cuts inside `\r\n\r\n` included
-        assert run(SseRestorer(R, dialect), [stream[:i], stream[i : i + 1], stream[i + 1 :]]) == whole
+        assert (
+            run(SseRestorer(R, DIALECTS[dialect]), [stream[:i], stream[i : i + 1], stream[i + 1 :]]) == whole
+        )
 
 
 def test_sse_without_placeholders_is_byte_identical() -> None:
@@ -729,13 +735,15 @@ def test_sse_without_placeholders_is_byte_identical() -> None:
     }
     for dialect, stream in streams.items():
         for i in range(0, len(stream) + 1, 5):
-            assert run(SseRestorer(R, dialect), [stream[:i], stream[i:]]) == stream
+            assert run(SseRestorer(R, DIALECTS[dialect]), [stream[:i], stream[i:]]) == stream
 
 
 def test_a_tail_that_could_start_a_placeholder_moves_to_the_next_delta() -> None:
     # `I` could begin `IP_ab12cd34_1`: held until the next delta shows it does not.
     stream = chat_stream("Yes, I think so", None)
-    chunks = [(None, json.loads(m.data)) for m in parse_sse(run(SseRestorer(R, "chat"), [stream]))[:-1]]
+    chunks = [
+        (None, json.loads(m.data)) for m in parse_sse(run(SseRestorer(R, DIALECTS["chat"]), [stream]))[:-1]
+    ]
     contents = [c["choices"][0]["delta"].get("content") for _, c in chunks if c["choices"]]
     assert "".join(c or "" for c in contents) == "Yes, I think so"
     assert all(c != "" for c in contents[1:])
@@ -743,7 +751,7 @@ def test_a_tail_that_could_start_a_placeholder_moves_to_the_next_delta() -> None
 
 def test_a_held_tail_at_the_end_goes_out_before_the_finish_chunk() -> None:
     text = f"Reach me at {PH[0][1:-1]}"  # bracketless at the very end: only the end can decide
-    out = run(SseRestorer(R, "chat"), [chat_stream(text, None)])
+    out = run(SseRestorer(R, DIALECTS["chat"]), [chat_stream(text, None)])
     msgs = parse_sse(out)
     finish = next(i for i, m in enumerate(msgs) if '"finish_reason":"stop"' in m.data)
     synthetic = json.loads(msgs[finish - 1].data)
@@ -761,7 +769,7 @@ def test_chat_finish_in_the_same_chunk_as_the_last_delta() -> None:
         **CHAT_BASE,
         "choices": [{"index": 0, "delta": {"content": PH[0][9:-1]}, "finish_reason": "stop"}],
     }
-    out = run(SseRestorer(R, "chat"), [sse([(None, base), (None, last), (None, "[DONE]")])])
+    out = run(SseRestorer(R, DIALECTS["chat"]), [sse([(None, base), (None, last), (None, "[DONE]")])])
     assert chat_client(out)[0] == f"to {ORIG[0]}"
 
 
@@ -816,7 +824,7 @@ def test_chat_choices_and_tool_calls_are_separate_channels() -> None:
         ),
         (None, "[DONE]"),
     ]
-    out = run(SseRestorer(R, "chat"), [sse(events)])
+    out = run(SseRestorer(R, DIALECTS["chat"]), [sse(events)])
     contents: dict[int, str] = {}
     calls: dict[int, str] = {}
     for msg in parse_sse(out)[:-1]:
@@ -837,7 +845,7 @@ def test_sse_unknown_events_comments_and_non_json_data() -> None:
         b"data: not json " + PH[6].encode() + b"\n\n"
         b"retry: 100\n\n"
     )
-    out = run(SseRestorer(R, "messages"), [stream])
+    out = run(SseRestorer(R, DIALECTS["messages"]), [stream])
     assert out.startswith(b": keep-alive\n\n" + b"id: 7\nevent: custom\ndata: ")
     msgs = parse_sse(out)
     assert json.loads(msgs[0].data) == {"note": ORIG[0]}
@@ -847,7 +855,7 @@ def test_sse_unknown_events_comments_and_non_json_data() -> None:
 
 def test_generic_dialect_restores_every_event_in_full() -> None:
     stream = sse([(None, {"a": {"b": [PH[0], {PH[1]: 1}]}, "arguments": json.dumps({"x": PH[4]})})])
-    data = json.loads(parse_sse(run(SseRestorer(R, "generic"), [stream]))[0].data)
+    data = json.loads(parse_sse(run(SseRestorer(R, DIALECTS["generic"]), [stream]))[0].data)
     assert data["a"] == {"b": [ORIG[0], {ORIG[1]: 1}]}
     assert json.loads(data["arguments"]) == {"x": ORIG[4]}
 
@@ -857,18 +865,18 @@ def test_a_delta_is_judged_with_what_came_before_it() -> None:
     bare = PH[0][1:-1]
     for dialect in CHECKS:
         stream = build(dialect, f"x{bare} ok", PLAIN_ARGS, f"x{bare} ok", sizes=(1, 100))
-        out = run(SseRestorer(R, dialect), [stream])
+        out = run(SseRestorer(R, DIALECTS[dialect]), [stream])
         CHECKS[dialect](out, Expect(text=f"x{bare} ok", args=json.loads(PLAIN_ARGS), thinking=f"x{bare} ok"))
 
 
 def test_a_body_nested_past_the_parser_is_restored_as_json_text() -> None:
     body = ("[" * 100_000 + json.dumps(PH[1]) + "]" * 100_000).encode()
-    out = restore_json_body(body, "generic", R)
+    out = restore_json_body(body, R)
     assert out == body.replace(PH[1].encode(), json.dumps(ORIG[1])[1:-1].encode())
 
 
 def test_a_last_event_without_its_blank_line_is_restored_as_text() -> None:
-    sse_restorer = SseRestorer(R, "chat")
+    sse_restorer = SseRestorer(R, DIALECTS["chat"])
     out = sse_restorer.feed(b'data: {"x": "' + PH[0].encode() + b'"}') + sse_restorer.finish()
     assert out.decode() == 'data: {"x": "' + ORIG[0] + '"}'
 
@@ -885,7 +893,7 @@ def served(body: bytes) -> httpx2.Client:
 
 def test_openai_sdk_reads_the_restored_chat_stream() -> None:
     stream = CASES["chat"]
-    restored = run(SseRestorer(R, "chat"), splits(stream, list(range(0, len(stream), 13))))
+    restored = run(SseRestorer(R, DIALECTS["chat"]), splits(stream, list(range(0, len(stream), 13))))
     client = openai.OpenAI(api_key="k", base_url="http://upstream/v1", http_client=served(restored))
     with client.chat.completions.stream(
         model="gpt-4o-mini", messages=[{"role": "user", "content": "x"}]
@@ -900,7 +908,7 @@ def test_openai_sdk_reads_the_restored_chat_stream() -> None:
 
 def test_openai_sdk_reads_the_restored_responses_stream() -> None:
     stream = CASES["responses"]
-    restored = run(SseRestorer(R, "responses"), splits(stream, list(range(0, len(stream), 11))))
+    restored = run(SseRestorer(R, DIALECTS["responses"]), splits(stream, list(range(0, len(stream), 11))))
     client = openai.OpenAI(api_key="k", base_url="http://upstream/v1", http_client=served(restored))
     deltas = ""
     with client.responses.stream(model="gpt-4.1", input="x") as s:
@@ -915,7 +923,7 @@ def test_openai_sdk_reads_the_restored_responses_stream() -> None:
 
 def test_anthropic_sdk_reads_the_restored_messages_stream() -> None:
     stream = CASES["messages"]
-    restored = run(SseRestorer(R, "messages"), splits(stream, list(range(0, len(stream), 17))))
+    restored = run(SseRestorer(R, DIALECTS["messages"]), splits(stream, list(range(0, len(stream), 17))))
     client = anthropic.Anthropic(api_key="k", base_url="http://upstream", http_client=served(restored))
     with client.messages.stream(
         model="claude-sonnet-4-6", max_tokens=100, messages=[{"role": "user", "content": "x"}]
@@ -984,7 +992,7 @@ def _stream_property(case: tuple[str, str], cuts: list[int]) -> None:
 def _sse_property(dialect: str, case: tuple[str, str], sizes: list[int], cuts: list[int]) -> None:
     model, expected = case
     data = build(dialect, model, MODEL_ARGS, model, sizes=tuple(sizes))
-    out = run(SseRestorer(R, dialect), splits(data, cuts))
+    out = run(SseRestorer(R, DIALECTS[dialect]), splits(data, cuts))
     CHECKS[dialect](out, Expect(text=expected, thinking=expected))
 
 
@@ -1008,7 +1016,7 @@ def _fragments_stream_property(model: str, cuts: list[int], json_escaped: bool) 
 def _fragments_sse_property(dialect: str, model: str, sizes: list[int], cuts: list[int]) -> None:
     # Whatever the model wrote, the client sees what restoring the whole text at once gives.
     data = build(dialect, model, MODEL_ARGS, model, sizes=tuple(sizes))
-    out = run(SseRestorer(R, dialect), splits(data, cuts))
+    out = run(SseRestorer(R, DIALECTS[dialect]), splits(data, cuts))
     expected = R.restore_text(model)
     CHECKS[dialect](out, Expect(text=expected, thinking=expected))
 

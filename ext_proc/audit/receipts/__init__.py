@@ -1,23 +1,4 @@
-"""Receipts: one hash-chained record per exchange, one chain per tenant, kept in Redis.
-
-The public names callers need, re-exported from the modules that define them.
+"""Receipts: one hash-chained record per exchange, one chain per tenant, kept in Redis: the
+record and its hash, the chain's keys and scripts, the store that appends, settling of lost
+answers, and verification (the admin query and `receipts verify`).
 """
-
-from ext_proc.audit.receipts.chain import ReceiptError
-from ext_proc.audit.receipts.record import Decision, Egress, Receipt, ReceiptFields, ref_digest, valid_tenant
-from ext_proc.audit.receipts.store import ReceiptStore
-from ext_proc.audit.receipts.verify import ChainBroken, VerifyResult, verify_cli
-
-__all__ = [
-    "ChainBroken",
-    "Decision",
-    "Egress",
-    "Receipt",
-    "ReceiptError",
-    "ReceiptFields",
-    "ReceiptStore",
-    "VerifyResult",
-    "ref_digest",
-    "valid_tenant",
-    "verify_cli",
-]

@@ -173,11 +173,13 @@ _KNOWN_KINDS: set[str] = set()  # kinds already checked against _KIND (a few doz
 
 
 def _valid_kind(kind: object) -> bool:
+    if not isinstance(kind, str):
+        return False
     if kind in _KNOWN_KINDS:
         return True
-    ok = isinstance(kind, str) and len(kind) <= MAX_KIND_CHARS and bool(_KIND.fullmatch(kind))
+    ok = len(kind) <= MAX_KIND_CHARS and bool(_KIND.fullmatch(kind))
     if ok and len(_KNOWN_KINDS) < 4096:
-        _KNOWN_KINDS.add(kind)  # type: ignore[arg-type]
+        _KNOWN_KINDS.add(kind)
     return ok
 
 

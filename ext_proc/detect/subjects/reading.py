@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import unicodedata
 from functools import lru_cache
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from ext_proc.detect.normalize import Folded, fold_char, fold_with_offsets
 
@@ -97,17 +97,25 @@ def _wide_replacement(char: str) -> str | None:
     return replacement
 
 
+_Text = TypeVar("_Text", str, bytes)
+
+
 def _transitions(classes: str | bytes) -> list[int]:
     """Positions p where a letter meets a digit (classes[p-1] and classes[p] differ, neither a space)."""
-    pairs = ("a0", "0a") if isinstance(classes, str) else (b"a0", b"0a")
-    if pairs[0] not in classes and pairs[1] not in classes:  # type: ignore[operator]
+    if isinstance(classes, str):
+        return _pairs_at(classes, ("a0", "0a"))
+    return _pairs_at(classes, (b"a0", b"0a"))
+
+
+def _pairs_at(classes: _Text, pairs: tuple[_Text, _Text]) -> list[int]:
+    if pairs[0] not in classes and pairs[1] not in classes:
         return []  # the common case, decided in C
     found: list[int] = []
-    for pair in ("a0", "0a") if isinstance(classes, str) else (b"a0", b"0a"):
-        at = classes.find(pair)  # type: ignore[arg-type]
+    for pair in pairs:
+        at = classes.find(pair)
         while at != -1:
             found.append(at + 1)
-            at = classes.find(pair, at + 1)  # type: ignore[arg-type]
+            at = classes.find(pair, at + 1)
     found.sort()
     return found
 

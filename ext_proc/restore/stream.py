@@ -1,0 +1,84 @@
+"""One stream channel restored as if it were one text: what `StreamRestorer` emits and holds back.
+
+Where it sits: a streamed reply (ext_proc.restore.sse) carries each text as a sequence of deltas
+on its channel (one choice's content, one tool call's arguments, one Anthropic content block, …),
+and a placeholder may be split over any number of them. Each channel has a `StreamRestorer`,
+which emits everything that can no longer be part of a placeholder at once and holds back only
+the tail that could still be one, until more text or the channel's end decides it.
+"""
+
+from __future__ import annotations
+
+from ext_proc.restore.restorers import Restorer
+from ext_proc.transform.grammar import LOOKBEHIND_CHARS, is_final
+
+
+class StreamRestorer:
+    """Restores one stream channel (a sequence of text deltas) as if it were one text.
+
+    `feed` returns what can be emitted now: everything up to the first position that could still be
+    the start of a placeholder of this exchange. Held back is that tail only: a strict prefix of a
+    placeholder in some tolerated form (`<`, `EM`, `<EMAIL_ab12`, `\\u00`), or a complete one whose
+    index or closing bracket could still grow (`<EMAIL_ab12cd34_1`, `EMAIL_ab12cd34_1\\u00`). So it
+    is never longer than the longest placeholder form (2 × label + index digits + 23 characters),
+    and text that cannot start a placeholder goes out at once. Each `feed` scans only the held tail
+    plus the new text, so a stream costs time linear in its length.
+    """
+
+    __slots__ = ("_ctx", "_held", "_json_escaped", "_restorer")
+
+    def __init__(self, restorer: Restorer, *, json_escaped: bool = False) -> None:
+        self._restorer = restorer
+        self._json_escaped = json_escaped
+        self._held = ""
+        # The characters before the held tail that the word-start look-behind reads.
+        self._ctx = ""
+
+    @property
+    def held(self) -> str:
+        return self._held
+
+    def save(self) -> tuple[str, str]:
+        """The held tail and its context, for `load` to put back (`SseRestorer.checkpoint`)."""
+        return self._held, self._ctx
+
+    def load(self, state: tuple[str, str]) -> None:
+        self._held, self._ctx = state
+
+    def feed(self, text: str) -> str:
+        pattern = self._restorer.pattern
+        if pattern is None:
+            return text
+        if not text:
+            return ""
+        held = self._held
+        s = self._ctx + held + text
+        start = i = len(self._ctx)
+        n = len(s)
+        out: list[str] = []
+        while True:
+            # partial=True also reports a match that runs into the end of `s`: a possible prefix.
+            m = pattern.search(s, i, partial=True)
+            if m is None:
+                cut = n
+                break
+            if m.partial or not is_final(s, m):
+                cut = m.start()
+                break
+            out.append(s[i : m.start()])
+            out.append(self._restorer.replacement(m, self._json_escaped))
+            i = m.end()
+        self._held = s[cut:]
+        self._ctx = s[max(0, cut - LOOKBEHIND_CHARS) : cut]
+        if i == start and cut == n:
+            return held + text if held else text  # the common case: nothing held, nothing found
+        out.append(s[i:cut])
+        return "".join(out)
+
+    def flush(self) -> str:
+        """The held tail, restored: the channel has ended, nothing more can complete it."""
+        held, ctx = self._held, self._ctx
+        self._held = self._ctx = ""
+        if not held or self._restorer.pattern is None:
+            return held
+        return self._restorer._restore_from(ctx + held, len(ctx), self._json_escaped)
