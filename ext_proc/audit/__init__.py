@@ -1,2 +1,1 @@
-"""What the filter tells operators and auditors: hash-chained receipts in Redis and metrics.
-"""
+"""What the filter tells operators and auditors: hash-chained receipts in Redis and metrics."""

@@ -38,6 +38,10 @@ HELP = {
     ),
     "cordon_receipts_total": ("counter", "Receipts appended to the chains."),
     "cordon_redis_errors_total": ("counter", "Receipt appends that failed (Redis down, slow or refusing)."),
+    "cordon_receipt_chain_broken_total": (
+        "counter",
+        "Periodic checks that found a chain this worker appended to broken, by reason.",
+    ),
     "cordon_receipt_settlements_total": (
         "counter",
         "Refused exchanges whose unanswered append was looked for afterwards, by outcome.",

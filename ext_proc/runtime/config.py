@@ -131,6 +131,7 @@ class Settings:
     ocr_workers: int
     ocr_budget_seconds: int
     ocr_max_images: int
+    receipt_check_seconds: int  # how often a worker rechecks the chains it appended to
     receipt_secret: str | None  # None: generated once under RUN_DIR (one host only)
     bench_listen_port: int | None = None  # `make bench` only: a listener without the filter
 
@@ -171,6 +172,7 @@ class Settings:
             ocr_workers=_int(env, "OCR_WORKERS", 1, low=1, high=64),
             ocr_budget_seconds=_int(env, "OCR_BUDGET_SECONDS", 30, low=1, high=280),
             ocr_max_images=_int(env, "OCR_MAX_IMAGES", 16, low=1, high=256),
+            receipt_check_seconds=_int(env, "RECEIPT_CHECK_SECONDS", 60, low=1, high=86400),
             receipt_secret=_secret(env, "RECEIPT_SECRET", MIN_SECRET_CHARS),
             bench_listen_port=_optional_port(env, "BENCH_LISTEN_PORT"),
         )

@@ -23,6 +23,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from ext_proc.audit.metrics import Metrics, write_snapshot
+from ext_proc.audit.receipts.chain import ReceiptError
 from ext_proc.audit.receipts.store import ReceiptStore
 from ext_proc.errors import describe
 from ext_proc.exchange.exchange import Exchange
@@ -104,6 +105,24 @@ async def publish_metrics(settings: Settings, runtime: Runtime, index: int) -> N
         await asyncio.sleep(METRICS_SECONDS)
 
 
+async def watch_chains(store: ReceiptStore, metrics: Metrics, seconds: float) -> None:
+    """Every `seconds`, the chains this worker appended to: rechecked since its checkpoint, and
+    its last records still there as written (a record deleted or edited and the chain re-hashed
+    after it is caught so, not only by the next admin query). A broken chain is an alarm: logged
+    (tenant, stream id, reason) and counted; the admin query answers 409 for it too."""
+    while True:
+        await asyncio.sleep(seconds)
+        for tenant in store.anchored_tenants():
+            try:
+                result = await store.verify(tenant)
+            except ReceiptError:
+                continue  # Redis is down or slow: every append says so already
+            if not result.ok:
+                metrics.inc("cordon_receipt_chain_broken_total", reason=str(result.reason))
+                line = {"event": "receipt_chain_broken", "tenant": tenant, "id": result.bad_id}
+                log.error(json.dumps({**line, "reason": result.reason}))
+
+
 async def run_worker(settings: Settings, index: int) -> None:
     store = ReceiptStore.from_url(settings.effective_redis_url, timeout=settings.redis_timeout)
     vault = (
@@ -161,8 +180,10 @@ async def run_worker(settings: Settings, index: int) -> None:
 
     watcher = asyncio.create_task(source.watch(lambda: runtime.policies, apply, reload, signature))
     publisher = asyncio.create_task(publish_metrics(settings, runtime, index))
+    checker = asyncio.create_task(watch_chains(store, metrics, settings.receipt_check_seconds))
     await stop.wait()
     watcher.cancel()
+    checker.cancel()
     with contextlib.suppress(FileNotFoundError):
         marker.unlink()
     for service in ("", SERVICE_NAME):

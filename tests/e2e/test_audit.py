@@ -37,7 +37,7 @@ from tests.support.harness import (
     running_stack,
     two_stacks,
 )
-from tests.support.receipts import record_for, records, stream_key, verify
+from tests.support.receipts import delete_and_rechain, record_for, records, stream_key, verify
 
 pytestmark = pytest.mark.e2e
 
@@ -156,10 +156,40 @@ def test_tampered_chain_is_a_409_naming_the_record(audited: RunningStack) -> Non
     reply = request(port, "GET", "/admin/receipts?ref=anything", None, admin_headers)
     assert reply.status == 409
     error = reply.json()["error"]
-    assert error["tenant"] == "chain" and error["id"] == chain[2][0] and error["reason"] == "prev"
+    # The worker that answers names the first record whose link broke, or (when it appended the
+    # deleted record itself, which it keeps as an anchor) the deleted record.
+    assert error["tenant"] == "chain"
+    assert (error["reason"], error["id"]) in {("prev", chain[2][0]), ("anchor", removed)}
     assert "records" not in reply.json()
     broken = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=60)
     assert broken.returncode == 1 and f"BROKEN at {chain[2][0]}" in broken.stdout
+
+
+def test_records_deleted_and_rechained_after_the_last_query_are_caught(tmp_path: Path) -> None:
+    """Someone with write access to Redis deletes a record appended after the last admin query and
+    re-chains the later ones: every link checks, and a fresh `receipts verify` passes. The worker
+    that appended them still knows their hashes: the admin query answers 409 `anchor`, and its
+    periodic check logs the alarm and counts it."""
+    with running_stack(tmp_path, workers=1, RECEIPT_CHECK_SECONDS="1") as stack:
+        assert stack.redis is not None
+        port = stack.settings.listen_port
+        chain = {"authorization": f"Bearer {KEYS['chain']}"}
+        admin = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+        for i in range(2):
+            assert request(port, "POST", CHAT, chat_body(f"before {i}"), chain).status == 200
+        assert request(port, "GET", "/admin/receipts?ref=anything", None, admin).status == 200
+        for i in range(3):
+            assert request(port, "POST", CHAT, chat_body(f"after {i}"), chain).status == 200
+        later = records(stack, "chain")[2][0]
+        with redis.Redis.from_url(stack.redis.url) as r:
+            delete_and_rechain(r, "chain", later)
+        assert verify(stack, "chain").ok  # a fresh full walk cannot tell
+        reply = request(port, "GET", "/admin/receipts?ref=anything", None, admin)
+        assert reply.status == 409
+        error = reply.json()["error"]
+        assert (error["tenant"], error["reason"], error["id"]) == ("chain", "anchor", later)
+        wait_for(lambda: any(e["reason"] == "anchor" for e in log_events(stack, "receipt_chain_broken")))
+        wait_for(lambda: metric(stack, 'cordon_receipt_chain_broken_total{reason="anchor"}') >= 1)
 
 
 def test_two_servers_on_one_redis_make_one_chain(tmp_path: Path) -> None:

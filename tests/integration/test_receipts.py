@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 
 from ext_proc.audit.receipts import settle as settling
@@ -39,8 +40,10 @@ from ext_proc.audit.receipts.record import (
 )
 from ext_proc.audit.receipts.store import ReceiptStore
 from ext_proc.audit.receipts.verify import ChainBroken, VerifyResult, verify_cli
+from ext_proc.audit.receipts.writer import ANCHORS_PER_TENANT
 from ext_proc.runtime.stack import redis_binary, wait_port
 from tests.support.harness import LateRedisReplies, RedisProcess, free_port, redis_server, relay
+from tests.support.receipts import delete_and_rechain
 
 T = TypeVar("T")
 
@@ -468,6 +471,47 @@ def test_checkpoint_catches_a_chain_rebuilt_by_someone_with_redis_access(redis_u
             result = await store.verify("rebuilt")
             assert (result.ok, result.bad_id, result.reason) == (False, first.last_id, "checkpoint")
             assert (await verify(redis_url, "rebuilt")).ok  # a fresh process cannot tell
+        finally:
+            await store.aclose()
+
+    run(scenario())
+
+
+def test_a_record_after_the_checkpoint_deleted_and_the_rest_rechained_is_named(redis_url: str) -> None:
+    """The chain after the last verified record can be rewritten consistently by someone who can
+    write Redis: delete a record and re-chain the later ones onto the one before it. Every link
+    checks, and the incremental verify from the checkpoint passes; the records this store
+    appended (its anchors) are gone or changed, and that is named."""
+
+    async def scenario() -> None:
+        store = ReceiptStore.from_url(redis_url)
+        try:
+            for i in range(3):
+                await store.append(fields("anchored", i))
+            assert (await store.verify("anchored")).ok  # the checkpoint: the chain's third record
+            for i in range(3, 6):
+                await store.append(fields("anchored", i))
+            ids = [entry_id.decode() for entry_id, _ in await entries(redis_url, "anchored")]
+            with SyncRedis.from_url(redis_url) as r:
+                delete_and_rechain(r, "anchored", ids[3])
+            assert (await verify(redis_url, "anchored")).ok  # a fresh full walk cannot tell
+            result = await store.verify("anchored")
+            assert (result.ok, result.reason, result.bad_id) == (False, "anchor", ids[3])
+            assert store.anchored_tenants() == ["anchored"]
+        finally:
+            await store.aclose()
+
+    run(scenario())
+
+
+def test_anchors_are_bounded_and_pass_on_a_whole_chain(redis_url: str) -> None:
+    async def scenario() -> None:
+        store = ReceiptStore.from_url(redis_url)
+        try:
+            for i in range(ANCHORS_PER_TENANT + 10):
+                await store.append(fields("many-anchors", i))
+            result = await store.verify("many-anchors")
+            assert result.ok and result.hashed == ANCHORS_PER_TENANT + 10
         finally:
             await store.aclose()
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import redis
 
+from ext_proc.audit.receipts.record import canonical_json, record_hash
 from ext_proc.audit.receipts.store import ReceiptStore
 from ext_proc.audit.receipts.verify import VerifyResult
 from tests.support.harness import RECEIPT_SECRET, RunningStack
@@ -64,6 +65,27 @@ def verify(stack: RunningStack, tenant: str) -> VerifyResult:
             await store.aclose()
 
     return asyncio.run(run())
+
+
+def delete_and_rechain(r: redis.Redis, tenant: str, removed: str) -> list[str]:
+    """What someone with write access to Redis can do to hide a record: delete it, and re-chain
+    every later record onto the one before it (re-hashed, re-added, the head moved), so that every
+    link of the chain checks again. Returns the new stream ids of the re-chained records."""
+    key = stream_key(tenant)
+    entries = r.xrange(key)
+    ids = [i.decode() for i, _ in entries]
+    at = ids.index(removed)
+    prev = entries[at - 1][1][b"h"].decode() if at else "0" * 64
+    later = entries[at + 1 :]
+    r.xdel(key, *ids[at:])
+    added: list[str] = []
+    for _, entry in later:
+        record = {**json.loads(entry[b"r"]), "prev": prev}
+        canonical = canonical_json(record)
+        prev = record_hash(prev, canonical)
+        added.append(r.xadd(key, {"r": canonical, "h": prev}).decode())
+    r.set(f"cordon:{{{tenant}}}:head", prev)
+    return added
 
 
 def everything_in_redis(stack: RunningStack) -> bytes:

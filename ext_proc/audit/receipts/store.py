@@ -220,8 +220,17 @@ class ReceiptStore:
         self._settler.settle_later(correction, uncertain, done)
 
     async def verify(self, tenant: str, *, since_checkpoint: bool = True) -> VerifyResult:
-        """Walk the chain (from this process's checkpoint, or from the start) and recheck it."""
-        return await self._verifier.verify(tenant, since_checkpoint=since_checkpoint)
+        """Walk the chain (from this process's checkpoint, or from the start) and recheck it, and
+        check that the last records this process appended are still there as written."""
+        result = await self._verifier.verify(tenant, since_checkpoint=since_checkpoint)
+        if not result.ok:
+            return result
+        broken = await self._verifier.check_anchors(tenant, list(self._writer.anchors.get(tenant, ())))
+        return broken or result
+
+    def anchored_tenants(self) -> list[str]:
+        """The tenants whose chains this process appended to (and keeps anchors of)."""
+        return sorted(self._writer.anchors)
 
     async def tenants(self) -> list[str]:
         """Every tenant with a chain (a key under this prefix: a SCAN of the server, or of every

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Mapping, Set
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Literal, TextIO
 
@@ -32,7 +32,7 @@ from ext_proc.audit.receipts.record import GENESIS, Receipt, is_sha256_hex, reco
 from ext_proc.errors import CordonError
 from ext_proc.storage.redis_client import connect
 
-BadReason = Literal["unparsable", "prev", "hash", "head", "checkpoint", "vanished"]
+BadReason = Literal["unparsable", "prev", "hash", "head", "checkpoint", "vanished", "anchor"]
 
 _PREV_FIELD = b'"prev":"'
 
@@ -46,7 +46,9 @@ class VerifyResult:
     `checkpoint` (the last record verified earlier is gone or changed), `head` (the head key does
     not match the last record, `bad_id`: a record was cut off the end or the head was moved),
     `vanished` (this process appended to the chain, which has since started again from nothing:
-    deleted, or a Redis restarted without its data; `bad_id` "0-0").
+    deleted, or a Redis restarted without its data; `bad_id` "0-0"), `anchor` (a record this
+    process appended is gone or changed, `bad_id` its id: an earlier record was deleted or edited
+    and the chain re-hashed after it).
     """
 
     tenant: str
@@ -130,6 +132,15 @@ class ChainVerifier:
         else:
             self._checkpoints.pop(tenant, None)
         return VerifyResult(tenant, True, hashed, last_id, prev)
+
+    async def check_anchors(self, tenant: str, anchors: Sequence[tuple[str, str]]) -> VerifyResult | None:
+        """None when every (stream id, hash) this process appended is still in the chain as
+        written, else the failed result naming the first one missing or changed."""
+        for stream_id, digest in anchors:
+            found = await self._chains.read(tenant, stream_id, stream_id, count=1)
+            if not found or found[0][1].get(b"h") != digest.encode("ascii"):
+                return VerifyResult(tenant, False, 0, None, GENESIS, stream_id, "anchor")
+        return None
 
     async def find_by_ref_digest(self, tenant: str, digest: str) -> list[Receipt]:
         """The verified records whose `refDigest` is `digest`; ChainBroken if the chain is not whole.

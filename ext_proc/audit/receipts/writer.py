@@ -13,6 +13,7 @@ trip when nothing raced it, whatever the chain's length.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import random
@@ -35,6 +36,11 @@ from ext_proc.storage.redis_client import REDIS_ERRORS
 
 log = logging.getLogger("cordon.receipts")
 
+# The last records this process appended to each chain, kept to check that they are still there:
+# each one's hash commits to the whole chain before it, so a record deleted or changed and the
+# chain re-hashed after it (which no link check can see) changes or removes these.
+ANCHORS_PER_TENANT = 64
+
 
 class ChainWriter:
     """Appends batches to the chains, remembering each chain's head as this process last saw it.
@@ -56,6 +62,7 @@ class ChainWriter:
         self._confirmed: dict[str, str] = {}  # the last head Redis itself answered per tenant
         self._in_flight: dict[str, list[tuple[str, str]]] = {}  # links of a script sent, unanswered
         self.vanished: set[str] = set()  # chains this process appended to that were restarted
+        self.anchors: dict[str, collections.deque[tuple[str, str]]] = {}  # (stream id, hash) per tenant
         self.races_lost = 0  # compare-and-set conflicts seen, for a metric
 
     def written_tenants(self) -> set[str]:
@@ -105,6 +112,9 @@ class ChainWriter:
             status = answer[0]
             if status in (APPENDED, REPEATED):
                 self._heads[tenant] = self._confirmed[tenant] = link
+                if status == APPENDED:  # a repeated call's ids were in the answer that was lost
+                    anchors = self.anchors.setdefault(tenant, collections.deque(maxlen=ANCHORS_PER_TENANT))
+                    anchors.extend((text(i), h) for i, (_, h) in zip(answer[1:], chained, strict=True))
                 return [
                     Receipt.chained(receipt_fields, p, h)
                     for receipt_fields, (p, h) in zip(batch, chained, strict=True)
