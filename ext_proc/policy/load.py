@@ -15,7 +15,7 @@ digits, '-' and '_' (at most 64), in one file only; an API key is written as its
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Set
 from pathlib import Path
 from typing import Any
 
@@ -290,9 +290,16 @@ def load_policy_dir(directory: str | Path, *, check: PolicyCheck = _no_check) ->
 
 
 def reload_policy_dir(
-    directory: str | Path, previous: PolicySet, *, check: PolicyCheck = _no_check
+    directory: str | Path,
+    previous: PolicySet,
+    *,
+    check: PolicyCheck = _no_check,
+    unsettled: Set[str] = frozenset(),
 ) -> tuple[PolicySet, list[PolicyError]]:
     """Re-read `directory` after a change, falling back per file; never raises PolicyError.
+
+    A file named in `unsettled` (still being written) is not read: it keeps the policy `previous`
+    loaded from it, and a new one is left out until it settles.
 
     A file that no longer loads (or fails `check`) keeps the policy `previous` loaded from the same
     path (matched on
@@ -311,6 +318,11 @@ def reload_policy_dir(
     policies: list[Policy] = []
     errors: list[PolicyError] = []
     for path in paths:
+        if path.name in unsettled:
+            kept = kept_by_source.get(str(path))
+            if kept is not None:
+                policies.append(kept)
+            continue
         try:
             policies.append(_load_checked(path, check))
         except PolicyError as exc:

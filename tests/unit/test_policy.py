@@ -611,6 +611,35 @@ def test_reload_applies_a_valid_change(loaded: tuple[Path, PolicySet]) -> None:
     assert policies.for_api_key(ACME_KEY).mode == "strip"
 
 
+def test_reload_keeps_a_file_still_being_written_and_applies_a_settled_one(
+    loaded: tuple[Path, PolicySet],
+) -> None:
+    """A file still changing is not read: acme keeps its previous policy (even though its half
+    written now parses, looser), beta's settled edit applies, and a new file still changing is
+    left out until it settles."""
+    root, previous = loaded
+    write_dir(root, {"acme.yaml": acme(""), "beta.yaml": beta("mode: off\n"), "gamma.yaml": "tenant: ga"})
+    policies, errors = reload_policy_dir(root, previous, unsettled={"acme.yaml", "gamma.yaml"})
+    assert errors == []
+    assert policies.tenants["acme"] is previous.tenants["acme"]
+    assert policies.tenants["beta"].mode == "off"
+    assert "ga" not in policies.tenants and "gamma" not in policies.tenants
+
+
+def test_settling_names_the_files_that_changed_recently() -> None:
+    from ext_proc.policy.reload import SETTLE_SECONDS, Settling
+
+    settling = Settling((("a.yaml", 1, 10), ("b.yaml", 1, 10)))
+    assert not settling.observe((("a.yaml", 1, 10), ("b.yaml", 1, 10)), now=100.0)
+    assert settling.observe((("a.yaml", 2, 12), ("b.yaml", 1, 10), ("c.yaml", 1, 1)), now=100.0)
+    assert settling.unsettled(100.0 + SETTLE_SECONDS / 2) == {"a.yaml", "c.yaml"}
+    assert settling.observe((("a.yaml", 3, 14), ("b.yaml", 1, 10), ("c.yaml", 1, 1)), now=100.4)
+    assert settling.unsettled(100.0 + SETTLE_SECONDS) == {"a.yaml"}  # c settled, a changed again
+    assert settling.unsettled(100.4 + SETTLE_SECONDS) == frozenset()
+    assert settling.observe((("b.yaml", 1, 10),), now=200.0)  # a and c deleted: a change
+    assert settling.unsettled(200.0) == frozenset()
+
+
 def test_reload_keeps_an_invalid_file_previous_policy_and_applies_another_valid_edit(
     loaded: tuple[Path, PolicySet],
 ) -> None:
