@@ -7,7 +7,7 @@
 #   envoy -c F                                Envoy 1.40.0, the binary `make test` validates against
 # plus, for the compose `demo` profile only, the bundled fake upstream (tests/support/fake_upstream.py).
 #
-# Environment: every SPEC §3 name is read at start (ext_proc/runtime/config.py); the image only sets the
+# Environment: every setting is read at start (ext_proc/runtime/config.py); the image only sets the
 # paths and the addresses a container needs (a service bound to 127.0.0.1 is unreachable from
 # outside its container).
 FROM python:3.11-slim-bookworm
@@ -42,7 +42,8 @@ RUN .venv/bin/python -m pip install -q -e ".[stack]" \
  && tesseract --version
 
 # The fake LLM upstream of `make run` (stdlib only), for the compose `demo` profile.
-COPY tests/__init__.py tests/support/fake_upstream.py ./tests/
+COPY tests/__init__.py ./tests/
+COPY tests/support/__init__.py tests/support/fake_upstream.py ./tests/support/
 
 # Default policies; mount your own over /etc/cordon/policies (a ConfigMap in Kubernetes).
 COPY policies /etc/cordon/policies
@@ -62,6 +63,6 @@ EXPOSE 50051 9464
 
 # Every worker answers gRPC health on the one port; SERVING once it loaded the policies.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \
-  CMD ["python", "-c", "import sys; from ext_proc.config import Settings; from ext_proc.stack import grpc_serving; s = Settings.from_env(); sys.exit(0 if grpc_serving(s.extproc_address, s.extproc_port) else 1)"]
+  CMD ["python", "-c", "import sys; from ext_proc.runtime.config import Settings; from ext_proc.runtime.stack import grpc_serving; s = Settings.from_env(); sys.exit(0 if grpc_serving(s.extproc_address, s.extproc_port) else 1)"]
 
 CMD ["python", "-m", "ext_proc", "serve"]

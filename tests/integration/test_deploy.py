@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import importlib
 import inspect
 import json
 import os
@@ -236,6 +237,41 @@ def test_dockerfile_copies_what_exists_and_sets_known_names() -> None:
     assert any(f"-o cordon -g cordon -m 0700 {run_dir}" in i.args for i in only(instructions, "RUN"))
     ignored = set((ROOT / ".dockerignore").read_text().split())
     assert {".git", ".venv", ".run", ".env"} <= ignored  # never in the build context
+
+
+def image_files(instructions: list[Instruction]) -> set[str]:
+    """The repository's Python files as the image lays them out under WORKDIR (COPY a b ./dir/)."""
+    files: set[str] = set()
+    for copy_step in only(instructions, "COPY"):
+        *sources, target = copy_step.args.split()
+        target = target.removeprefix("./").rstrip("/")
+        for source in sources:
+            path = ROOT / source
+            found = [path] if path.is_file() else sorted(path.rglob("*.py"))
+            for file in found:
+                inside = file.relative_to(path) if path.is_dir() else Path(file.name)
+                files.add(str(Path(target) / inside) if target not in ("", ".") else str(inside))
+    return files
+
+
+def test_every_module_the_image_runs_or_imports_is_in_it() -> None:
+    """`python -m M` in compose and the manifests, and `from M import N` in the HEALTHCHECK, name
+    modules the image holds (with their packages' __init__.py) and names that exist."""
+    instructions = dockerfile()
+    files = image_files(instructions)
+    commands = [json.dumps(parsed_compose()), *(p.read_text() for p in sorted(K8S.glob("*.yaml")))]
+    modules = {m for text in commands for m in re.findall(r"python\"?, \"?-m\"?,? \"?([a-z_.]+)", text)}
+    health = " ".join(i.args for i in only(instructions, "HEALTHCHECK"))
+    imports = re.findall(r"from ([a-z_.]+) import ([A-Za-z_]+)", health)
+    assert "tests.support.fake_upstream" in modules and imports
+    for module in {*modules, *(m for m, _ in imports)}:
+        parts = module.split(".")
+        candidates = {"/".join(parts) + ".py", "/".join(parts) + "/__main__.py"}
+        assert candidates & files, f"the image has no {module}"
+        for i in range(1, len(parts)):
+            assert "/".join(parts[:i]) + "/__init__.py" in files, f"the image lacks the package of {module}"
+    for module, name in imports:
+        assert hasattr(importlib.import_module(module), name), f"{module} has no {name}"
 
 
 # --- docker-compose.yml ---------------------------------------------------------------------------
