@@ -3,7 +3,9 @@
 serve           the gRPC server: WORKERS worker processes on EXTPROC_PORT
 scan            detect in text from stdin (or --jsonl records); prints findings, never values
 policy check    validate a policy directory (for the platform team's CI)
-receipts verify re-hash the receipt chains in Redis from their first record (for auditors)
+receipts verify re-hash the receipt chains in Redis from their first record (for auditors),
+                or an export file offline (--file)
+receipts export the chains as JSON lines, as stored (for a SIEM, or verify --file)
 stack run|up|down   the whole local stack (what `make run`, `make up`, `make down` call)
 bootstrap       render Envoy's bootstrap from the environment (for a containerised Envoy)
 """
@@ -53,10 +55,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_receipts_verify(args: argparse.Namespace) -> int:
+    if args.file is not None:
+        from ext_proc.audit.receipts.export import verify_file_cli
+
+        return verify_file_cli(args.file, args.tenant)
     from ext_proc.audit.receipts.verify import verify_cli
 
     settings = _settings(args)
     return verify_cli(settings.effective_redis_url, args.tenant, timeout=args.timeout)
+
+
+def cmd_receipts_export(args: argparse.Namespace) -> int:
+    from ext_proc.audit.receipts.export import export_cli
+
+    settings = _settings(args)
+    return export_cli(settings.effective_redis_url, args.tenant, args.since, timeout=args.timeout)
 
 
 def cmd_scan(args: argparse.Namespace) -> int:
@@ -145,8 +158,16 @@ def build_parser() -> argparse.ArgumentParser:
         "verify", help="re-hash every chain (or one) from its first record; exit 1 if one is broken"
     )
     verify.add_argument("--tenant", help="verify only this tenant's chain")
+    verify.add_argument("--file", help="verify an export (receipts export) offline instead of Redis")
     verify.add_argument("--timeout", type=float, default=5.0, help="seconds per Redis call (default 5)")
     verify.set_defaults(func=cmd_receipts_verify)
+    export = receipt_commands.add_parser(
+        "export", help="write every chain (or one) as JSON lines, as stored, for verify --file or a SIEM"
+    )
+    export.add_argument("--tenant", help="export only this tenant's chain")
+    export.add_argument("--since", help="only the records appended since this RFC 3339 time or date")
+    export.add_argument("--timeout", type=float, default=5.0, help="seconds per Redis call (default 5)")
+    export.set_defaults(func=cmd_receipts_export)
 
     stack_parser = commands.add_parser("stack", help="run the local stack (make run / up / down)")
     stack_parser.add_argument("action", choices=["run", "up", "down"])

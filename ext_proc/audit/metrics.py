@@ -38,6 +38,7 @@ HELP = {
     ),
     "cordon_receipts_total": ("counter", "Receipts appended to the chains."),
     "cordon_redis_errors_total": ("counter", "Receipt appends that failed (Redis down, slow or refusing)."),
+    "cordon_receipts_trimmed_total": ("counter", "Records trimmed off the chains by retention, by tenant."),
     "cordon_receipt_chain_broken_total": (
         "counter",
         "Periodic checks that found a chain this worker appended to broken, by reason.",

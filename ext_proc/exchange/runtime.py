@@ -16,6 +16,7 @@ from typing import Any, Protocol, TypeVar
 from ext_proc.audit.metrics import Metrics
 from ext_proc.audit.receipts.record import Receipt, ReceiptFields
 from ext_proc.audit.receipts.verify import VerifyResult
+from ext_proc.errors import CordonError
 from ext_proc.media.ocr import OcrPool
 from ext_proc.policy.model import PolicySet
 from ext_proc.storage.vault import SurrogateWanted, VaultRead
@@ -62,11 +63,18 @@ class VaultStorage(Protocol):
     ) -> dict[SurrogateWanted, str]: ...
 
 
+class BodyTooLarge(CordonError):
+    """The request body, as it would leave (redacted, surrogates in, images masked), is larger
+    than Envoy takes (MAX_BODY_BYTES). Names sizes only."""
+
+
 @dataclass(slots=True)
 class Runtime:
     """`receipts` None means no receipt store: every append fails, as if Redis were down. `vault`
     None means no TENANT_SECRET: policies with consistent pseudonyms were refused at load. `ocr`
-    None: media masking refuses (422)."""
+    None: media masking refuses (422). `max_body_bytes`: the largest body Envoy forwards (its
+    buffer limit, MAX_BODY_BYTES; the gRPC message limit is above it); a rewritten body that
+    grew past it is refused here, never handed to Envoy to fail. None: no limit (tests)."""
 
     policies: PolicySet
     admin_token: str | None = None
@@ -76,6 +84,7 @@ class Runtime:
     metrics: Metrics = field(default_factory=Metrics)
     ocr: OcrPool | None = None
     vault: VaultStorage | None = None
+    max_body_bytes: int | None = None
     # Large bodies are read here, one at a time: several at once in one process only fight over
     # the GIL (slower each, and each holding its parsed copies in memory at the same time).
     large_bodies: ThreadPoolExecutor = field(

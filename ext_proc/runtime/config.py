@@ -80,6 +80,20 @@ def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
     raise ConfigError(f"{name} must be true or false")
 
 
+def _optional_days(env: Mapping[str, str], name: str) -> float | None:
+    """A number of days (decimals allowed, more than 0), or None when unset."""
+    raw = env.get(name, "").strip()
+    if raw == "":
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number of days") from None
+    if not 0 < value <= 36500:
+        raise ConfigError(f"{name} must be more than 0 and at most 36500 days")
+    return value
+
+
 def _optional_port(env: Mapping[str, str], name: str) -> int | None:
     if env.get(name, "") == "":
         return None
@@ -132,6 +146,7 @@ class Settings:
     ocr_budget_seconds: int
     ocr_max_images: int
     receipt_check_seconds: int  # how often a worker rechecks the chains it appended to
+    receipt_retention_days: float | None  # None: keep every record
     receipt_secret: str | None  # None: generated once under RUN_DIR (one host only)
     bench_listen_port: int | None = None  # `make bench` only: a listener without the filter
 
@@ -173,6 +188,7 @@ class Settings:
             ocr_budget_seconds=_int(env, "OCR_BUDGET_SECONDS", 30, low=1, high=280),
             ocr_max_images=_int(env, "OCR_MAX_IMAGES", 16, low=1, high=256),
             receipt_check_seconds=_int(env, "RECEIPT_CHECK_SECONDS", 60, low=1, high=86400),
+            receipt_retention_days=_optional_days(env, "RECEIPT_RETENTION_DAYS"),
             receipt_secret=_secret(env, "RECEIPT_SECRET", MIN_SECRET_CHARS),
             bench_listen_port=_optional_port(env, "BENCH_LISTEN_PORT"),
         )

@@ -82,7 +82,11 @@ async def answer(
         return _refuse(503, "no receipt store is configured")
     digest = ref_digest(secret, ref)
     try:
-        tenants = [tenant] if tenant is not None else await store.tenants()
+        known = await store.tenants()
+        if tenant is not None and tenant not in known:
+            # Never an empty pass for a tenant that has no chain: an auditor would read it as one.
+            return _refuse(404, "no receipt chain for this tenant")
+        tenants = [tenant] if tenant is not None else known
         # Verify every chain before answering from any: a broken one is reported, not skipped.
         for name in tenants:
             result = await store.verify(name)

@@ -105,13 +105,19 @@ async def publish_metrics(settings: Settings, runtime: Runtime, index: int) -> N
         await asyncio.sleep(METRICS_SECONDS)
 
 
-async def watch_chains(store: ReceiptStore, metrics: Metrics, seconds: float) -> None:
-    """Every `seconds`, the chains this worker appended to: rechecked since its checkpoint, and
-    its last records still there as written (a record deleted or edited and the chain re-hashed
-    after it is caught so, not only by the next admin query). A broken chain is an alarm: logged
-    (tenant, stream id, reason) and counted; the admin query answers 409 for it too."""
+async def watch_chains(
+    store: ReceiptStore, metrics: Metrics, seconds: float, retention_days: float | None
+) -> None:
+    """Every `seconds`: retention first (when set, every chain's records older than it trimmed,
+    each chain keeping the anchor of its last trimmed record), then the chains this worker
+    appended to: rechecked since its checkpoint, and its last records still there as written (a
+    record deleted or edited and the chain re-hashed after it is caught so, not only by the next
+    admin query). A broken chain is an alarm: logged (tenant, stream id, reason) and counted; the
+    admin query answers 409 for it too."""
     while True:
         await asyncio.sleep(seconds)
+        if retention_days is not None:
+            await _trim(store, metrics, retention_days)
         for tenant in store.anchored_tenants():
             try:
                 result = await store.verify(tenant)
@@ -121,6 +127,19 @@ async def watch_chains(store: ReceiptStore, metrics: Metrics, seconds: float) ->
                 metrics.inc("cordon_receipt_chain_broken_total", reason=str(result.reason))
                 line = {"event": "receipt_chain_broken", "tenant": tenant, "id": result.bad_id}
                 log.error(json.dumps({**line, "reason": result.reason}))
+
+
+async def _trim(store: ReceiptStore, metrics: Metrics, retention_days: float) -> None:
+    try:
+        tenants = store.anchored_tenants() or ["default"]
+        now = await store.redis_now_ms(tenants[0])
+        trimmed = await store.trim(now - int(retention_days * 86_400_000))
+    except ReceiptError as exc:
+        log.warning(json.dumps({"event": "receipt_trim_failed", "reason": str(exc)}))
+        return
+    for tenant, count in trimmed.items():
+        metrics.inc("cordon_receipts_trimmed_total", count, tenant=tenant)
+        log.info(json.dumps({"event": "receipts_trimmed", "tenant": tenant, "records": count}))
 
 
 async def run_worker(settings: Settings, index: int) -> None:
@@ -145,6 +164,7 @@ async def run_worker(settings: Settings, index: int) -> None:
         metrics=metrics,
         ocr=OcrPool(settings.ocr_workers, settings.ocr_budget_seconds, settings.ocr_max_images),
         vault=vault,
+        max_body_bytes=settings.max_body_bytes,
     )
     limit = settings.grpc_message_limit
     server = grpc.aio.server(
@@ -180,7 +200,9 @@ async def run_worker(settings: Settings, index: int) -> None:
 
     watcher = asyncio.create_task(source.watch(lambda: runtime.policies, apply, reload, signature))
     publisher = asyncio.create_task(publish_metrics(settings, runtime, index))
-    checker = asyncio.create_task(watch_chains(store, metrics, settings.receipt_check_seconds))
+    checker = asyncio.create_task(
+        watch_chains(store, metrics, settings.receipt_check_seconds, settings.receipt_retention_days)
+    )
     await stop.wait()
     watcher.cancel()
     checker.cancel()

@@ -192,6 +192,42 @@ def test_records_deleted_and_rechained_after_the_last_query_are_caught(tmp_path:
         wait_for(lambda: metric(stack, 'cordon_receipt_chain_broken_total{reason="anchor"}') >= 1)
 
 
+def test_retention_trims_the_oldest_records_and_the_chain_still_verifies(tmp_path: Path) -> None:
+    """RECEIPT_RETENTION_DAYS (here two seconds' worth): the workers trim older records, each chain
+    keeps the anchor of its last trimmed record; the admin query, `receipts verify` and an export
+    checked offline all pass; an unknown tenant is a 404 and exit 2, never an empty pass."""
+    retention = str(2 / 86_400)
+    with running_stack(tmp_path, RECEIPT_RETENTION_DAYS=retention, RECEIPT_CHECK_SECONDS="1") as stack:
+        assert stack.redis is not None
+        port = stack.settings.listen_port
+        auth = {"authorization": f"Bearer {KEYS['chain']}"}
+        admin = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+        for i in range(5):
+            assert request(port, "POST", CHAT, chat_body(f"old {i}"), auth).status == 200
+        wait_for(lambda: len(records(stack, "chain")) == 0, timeout=15)
+        assert log_events(stack, "receipts_trimmed")
+        for i in range(2):
+            assert request(port, "POST", CHAT, chat_body(f"new {i}"), auth).status == 200
+        assert request(port, "GET", "/admin/receipts?ref=x&tenant=chain", None, admin).status == 200
+        missing = request(port, "GET", "/admin/receipts?ref=x&tenant=nosuch", None, admin)
+        assert missing.status == 404 and "no receipt chain" in missing.json()["error"]["message"]
+        env = {**os.environ, "REDIS_URL": stack.redis.url}
+        cli = [sys.executable, "-m", "ext_proc", "receipts"]
+        ok = subprocess.run([*cli, "verify", "--tenant", "chain"], env=env, capture_output=True, text=True)
+        assert ok.returncode == 0 and "chain: ok" in ok.stdout
+        unknown = subprocess.run(
+            [*cli, "verify", "--tenant", "nosuch"], env=env, capture_output=True, text=True
+        )
+        assert unknown.returncode == 2
+        exported = subprocess.run([*cli, "export"], env=env, capture_output=True, text=True, check=True)
+        dump = tmp_path / "receipts.jsonl"
+        dump.write_text(exported.stdout)
+        offline = subprocess.run(
+            [*cli, "verify", "--file", str(dump)], env=env, capture_output=True, text=True
+        )
+        assert offline.returncode == 0 and "chain: ok" in offline.stdout
+
+
 def test_two_servers_on_one_redis_make_one_chain(tmp_path: Path) -> None:
     """Two independent stacks (two supervisors, two workers each) append to one chain at once.
 

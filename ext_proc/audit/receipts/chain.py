@@ -17,6 +17,9 @@ in one slot, so the append script and the verify snapshot work on Redis Cluster)
     <prefix>:{<tenant>}:call:<token>  one short-lived key per appending call (until the call's
                                  fence has passed, plus a second), so a call sent twice
                                  appends once, whoever appended in between
+    <prefix>:{<tenant>}:trimmed  a hash, once retention has trimmed the chain's oldest records:
+                                 id and hash of the last record trimmed (the chain now starts
+                                 after it, so its hash is the next record's prev) and how many
 
 Append is a compare-and-set, because Redis has no SHA-256 in Lua: the hash is computed here against
 the head we believe in, and one Lua script checks that the head key still equals that `prev`, then
@@ -34,6 +37,7 @@ starts a new chain.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from redis.asyncio import RedisCluster
@@ -51,6 +55,16 @@ StreamEntry = tuple[bytes | str, dict[bytes, bytes]]
 ScriptArg = bytes | str | int
 
 _T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class Trimmed:
+    """The last record retention trimmed off a chain: the chain now starts after `id`, its first
+    record's prev is `hash`; `count` records were trimmed in all."""
+
+    id: str
+    hash: str
+    count: int
 
 
 class ReceiptError(CordonError):
@@ -165,6 +179,30 @@ end
 return {last, redis.call('GET', KEYS[2])}
 """
 
+# KEYS[1] stream, KEYS[2] the trimmed anchor; ARGV[1] the first stream id (ms-seq) to keep. Trims
+# every record older than that, and records the last one trimmed (its id and hash, and the running
+# count), in one step: the chain stays verifiable from the anchor. Answers {trimmed, last id}.
+_TRIM_LUA = """
+local last = redis.call('XREVRANGE', KEYS[1], '(' .. ARGV[1], '-', 'COUNT', 1)
+if not last[1] then
+  return {0, false}
+end
+local fields = last[1][2]
+local hash = false
+for i = 1, #fields, 2 do
+  if fields[i] == 'h' then
+    hash = fields[i + 1]
+  end
+end
+if not hash then
+  return {-1, last[1][1]}
+end
+local n = redis.call('XTRIM', KEYS[1], 'MINID', ARGV[1])
+local count = tonumber(redis.call('HGET', KEYS[2], 'count') or '0') + n
+redis.call('HSET', KEYS[2], 'id', last[1][1], 'hash', hash, 'count', count)
+return {n, last[1][1]}
+"""
+
 # KEYS[1] a chain's stream: TIME on the node that runs that chain's append script (on a cluster a
 # plain TIME goes to any node, whose clock is not the one the fence is checked against).
 _TIME_LUA = "return redis.call('TIME')"
@@ -190,6 +228,7 @@ class ChainRedis:
         self._append_script = self.writer.register_script(_APPEND_LUA)
         self._snapshot_script = self.reader.register_script(_SNAPSHOT_LUA)
         self._time_script = self.reader.register_script(_TIME_LUA)
+        self._trim_script = self.writer.register_script(_TRIM_LUA)
 
     async def aclose(self) -> None:
         await self.reader.aclose()
@@ -210,6 +249,9 @@ class ChainRedis:
 
     def call_key(self, tenant: str, token: str) -> str:
         return self._key(tenant, f"call:{token}")
+
+    def trimmed_key(self, tenant: str) -> str:
+        return self._key(tenant, "trimmed")
 
     def timed_out(self) -> ReceiptError:
         return ReceiptError(f"receipt append did not finish within {self.timeout}s")
@@ -247,6 +289,28 @@ class ChainRedis:
         batch = await self.call(self.reader.xrevrange(self.stream_key(tenant), end, "-", count=READ_BATCH))
         return cast("list[StreamEntry]", batch)
 
+    async def trim(self, tenant: str, keep_from_ms: int) -> int:
+        """Trim the records appended before `keep_from_ms` (Redis's clock), keeping the chain
+        verifiable from the anchor of the last one trimmed; how many were trimmed."""
+        answer = await self.call(
+            self._trim_script(
+                keys=[self.stream_key(tenant), self.trimmed_key(tenant)], args=[f"{keep_from_ms}-0"]
+            )
+        )
+        if int(answer[0]) < 0:
+            raise ReceiptError("a record to trim carries no hash: the chain is not ours to trim")
+        return int(answer[0])
+
+    async def trimmed(self, tenant: str) -> Trimmed | None:
+        """Where the chain starts after retention trimmed it (None: it was never trimmed)."""
+        found = await self.call(self.reader.hgetall(self.trimmed_key(tenant)))
+        if not found:
+            return None
+        try:
+            return Trimmed(text(found[b"id"]), text(found[b"hash"]), int(found[b"count"]))
+        except (KeyError, ValueError):
+            raise ReceiptError("the chain's trimmed anchor is unreadable") from None
+
     async def chain_tenants(self) -> set[str]:
         """Every tenant with a key under this prefix: a SCAN of the server, or of every primary."""
         found: set[str] = set()
@@ -259,7 +323,7 @@ class ChainRedis:
                 keys = self.reader.scan_iter(match=pattern, count=1000)
             async for key in keys:
                 name = text(key)[len(self.prefix) + 2 :]
-                for suffix in ("}:stream", "}:head"):
+                for suffix in ("}:stream", "}:head", "}:trimmed"):
                     if name.endswith(suffix) and valid_tenant(name[: -len(suffix)]):
                         found.add(name[: -len(suffix)])
 

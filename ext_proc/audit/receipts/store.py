@@ -228,6 +228,21 @@ class ReceiptStore:
         broken = await self._verifier.check_anchors(tenant, list(self._writer.anchors.get(tenant, ())))
         return broken or result
 
+    async def trim(self, keep_from_ms: int) -> dict[str, int]:
+        """Retention: every chain's records appended before `keep_from_ms` (Redis's clock) trimmed,
+        each chain keeping the anchor of its last trimmed record; how many per tenant."""
+        trimmed: dict[str, int] = {}
+        for tenant in sorted(await self._chains.chain_tenants()):
+            count = await self._chains.trim(tenant, keep_from_ms)
+            if count:
+                trimmed[tenant] = count
+        return trimmed
+
+    async def redis_now_ms(self, tenant: str) -> int:
+        """Redis's clock (the stream ids' clock) in milliseconds, on the node holding `tenant`."""
+        seconds, micros = await self._chains.call(self._chains.redis_time(tenant))
+        return seconds * 1000 + micros // 1000
+
     def anchored_tenants(self) -> list[str]:
         """The tenants whose chains this process appended to (and keeps anchors of)."""
         return sorted(self._writer.anchors)

@@ -94,17 +94,30 @@ class ChainVerifier:
         """Walk the chain (from this process's checkpoint, or from the start) and recheck it.
 
         The stream's last entry and the head key are read together by one script, so writers
-        appending meanwhile never look like a head mismatch; the walk stops at that entry.
+        appending meanwhile never look like a head mismatch; the walk stops at that entry. A chain
+        that retention trimmed starts after its anchor (the last record trimmed): its first record
+        is chained to the anchor's hash. A trim that runs during the walk is read again, once.
         """
         self._chains.stream_key(tenant)  # validates the tenant
         if tenant in self._vanished:
             # This process appended to a chain that later started again from nothing.
             return VerifyResult(tenant, False, 0, None, GENESIS, "0-0", "vanished")
-        tail_id, head = await self._chains.snapshot(tenant)
+        result = await self._walk(tenant, since_checkpoint)
+        if not result.ok and result.reason == "prev" and result.last_id is None:
+            result = await self._walk(tenant, since_checkpoint)  # trimmed meanwhile?
+        if result.ok and result.last_id is not None:
+            self._checkpoints[tenant] = _Checkpoint(result.last_id, result.head)
+        elif result.ok:
+            self._checkpoints.pop(tenant, None)
+        return result
 
-        prev, last_id, start = GENESIS, None, "-"
+    async def _walk(self, tenant: str, since_checkpoint: bool) -> VerifyResult:
+        tail_id, head = await self._chains.snapshot(tenant)
+        trimmed = await self._chains.trimmed(tenant)
+        origin = trimmed.hash if trimmed is not None else GENESIS
+        prev, last_id, start = origin, None, "-"
         checkpoint = self._checkpoints.get(tenant) if since_checkpoint else None
-        if checkpoint is not None:
+        if checkpoint is not None and (trimmed is None or id_key(checkpoint.stream_id) > id_key(trimmed.id)):
             found = await self._chains.read(tenant, checkpoint.stream_id, checkpoint.stream_id, count=1)
             if not found or found[0][1].get(b"h") != checkpoint.hash.encode("ascii"):
                 return VerifyResult(tenant, False, 0, None, GENESIS, checkpoint.stream_id, "checkpoint")
@@ -125,18 +138,18 @@ class ChainVerifier:
                     break
                 start = f"({last_id}"
 
-        if head != (prev if last_id is not None else None):
+        expected_head = prev if last_id is not None or trimmed is not None else None
+        if head != expected_head:
             return VerifyResult(tenant, False, hashed, last_id, prev, tail_id or "0-0", "head")
-        if last_id is not None:
-            self._checkpoints[tenant] = _Checkpoint(last_id, prev)
-        else:
-            self._checkpoints.pop(tenant, None)
         return VerifyResult(tenant, True, hashed, last_id, prev)
 
     async def check_anchors(self, tenant: str, anchors: Sequence[tuple[str, str]]) -> VerifyResult | None:
         """None when every (stream id, hash) this process appended is still in the chain as
         written, else the failed result naming the first one missing or changed."""
+        trimmed = await self._chains.trimmed(tenant)
         for stream_id, digest in anchors:
+            if trimmed is not None and id_key(stream_id) <= id_key(trimmed.id):
+                continue  # trimmed by retention, as the anchor of the chain says
             found = await self._chains.read(tenant, stream_id, stream_id, count=1)
             if not found or found[0][1].get(b"h") != digest.encode("ascii"):
                 return VerifyResult(tenant, False, 0, None, GENESIS, stream_id, "anchor")
@@ -162,7 +175,8 @@ class ChainVerifier:
         needle = b'"refDigest":"' + digest.encode("ascii") + b'"'
         matches: list[Receipt] = []
         start = "-"
-        link = GENESIS.encode("ascii")
+        trimmed = await self._chains.trimmed(tenant)
+        link = (trimmed.hash if trimmed is not None else GENESIS).encode("ascii")
         while True:
             batch = await self._chains.read(tenant, start, result.last_id)
             for raw_id, entry in batch:
@@ -225,7 +239,11 @@ def verify_cli(
         chains = ChainRedis(client, key_prefix=DEFAULT_KEY_PREFIX, timeout=timeout)
         verifier = ChainVerifier(chains)
         try:
-            tenants = [tenant] if tenant is not None else sorted(await chains.chain_tenants())
+            known = await chains.chain_tenants()
+            if tenant is not None and tenant not in known:
+                print(f"receipts verify: no receipt chain for tenant {tenant!r}", file=out)
+                return 2
+            tenants = [tenant] if tenant is not None else sorted(known)
             if not tenants:
                 print("no receipt chains", file=out)
             code = 0
