@@ -207,7 +207,9 @@ DETECTORS: tuple[Detector, ...] = (
             r"(?<![A-Za-z0-9._%+\-])[A-Za-z0-9._%+\-]{0,63}[A-Za-z0-9_%+\-]@"
             r"(?:[A-Za-z0-9](?:[A-Za-z0-9\-]{0,61}[A-Za-z0-9])?"
             r"(?:\.|[ ]?[\[({][ ]?(?i:dot)[ ]?[\])}][ ]?))+"
-            r"(?:[A-Za-z]{2,63}|xn--[A-Za-z0-9\-]{1,59})(?![A-Za-z0-9\-])"
+            # A dash may follow the top-level label (`…@example.net-she`, an em dash read as a
+            # dash): no top-level label holds one, so it ends the address.
+            r"(?:[A-Za-z]{2,63}|xn--[A-Za-z0-9\-]{1,59})(?![A-Za-z0-9])"
         ),
         validator="email",
         triggers=("@",),
@@ -226,7 +228,9 @@ DETECTORS: tuple[Detector, ...] = (
     Detector(
         "credit_card",
         "CREDIT_CARD",
-        compile_pattern(r"(?<![A-Za-z0-9_])[0-9](?:[ \-.]?[0-9]){12,}+(?![A-Za-z0-9_])"),
+        # The run may end in a group that touches a letter (`… 1881 7a`): the validator takes the
+        # card before it, and never a window whose last group touches one.
+        compile_pattern(r"(?<![A-Za-z0-9_])[0-9](?:[ \-.]?[0-9]){12,}+"),
         validator="card",
         requires=(Requirement(DIGITS, 13),),
         min_length=13,

@@ -5,32 +5,25 @@ piece of model output) to `Catalog.detect`; the findings go, with the declared s
 findings, to redaction, which resolves overlaps and writes placeholders right to left. The
 catalog returns kinds and spans, never text, so nothing downstream can log a value by accident.
 
-This module runs the detectors (`detectors.DETECTORS`) of a policy's sets over a normalised
-text, merges overlapping findings of one kind and ranks kinds by `PRIORITY`. What each kind
-accepts is described for users in docs/catalog.md.
+This module runs the detectors (`detectors.DETECTORS`) of a policy's sets over the text's canonical
+view and its decoded views, merges overlapping findings of one kind and ranks kinds by `PRIORITY`.
+What each kind accepts is described for users in docs/catalog.md.
 """
 
 from __future__ import annotations
 
-import bisect
 import functools
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 
 import regex
 
+from ext_proc.detect.canonical import View, canonical
 from ext_proc.detect.catalog.anchors import ANCHORS, Scratch, merge_windows
 from ext_proc.detect.catalog.detectors import DETECTORS, MIN_FINDING_LENGTH, Detector, Requirement
 from ext_proc.detect.catalog.options import Options
-from ext_proc.detect.catalog.regexes import (
-    Span,
-    compile_pattern,
-    timed_all,
-    timed_match,
-    timed_search,
-    timeout_for,
-)
+from ext_proc.detect.catalog.regexes import Span, timed_all, timed_match
 from ext_proc.detect.catalog.validators import VALIDATORS
+from ext_proc.detect.decode import Decoded, decoded_views, hidden_view, may_hold_escapes
 from ext_proc.detect.findings import CATALOG_KINDS, SETS, Finding
 from ext_proc.detect.memo import MEMO
 from ext_proc.errors import DetectionError
@@ -63,43 +56,13 @@ assert all(d.validator is None or d.validator in VALIDATORS for d in DETECTORS)
 assert all(d.anchor is None or d.anchor in ANCHORS for d in DETECTORS)
 
 
-# Normalisation: fold what changes no offsets, strip what hides a value, map spans back.
-
-_FOLD_PRESENT = compile_pattern(r"[\uff01-\uff5e\u3000]")
-_FOLD_TABLE = {0xFF01 + i: 0x21 + i for i in range(94)} | {0x3000: 0x20}
-_ZERO_WIDTH = compile_pattern(r"[\u00ad\u200b-\u200f\u2060-\u2064\ufeff]")
+# Every text is read in its canonical view (ext_proc.detect.canonical: look-alikes, invisible
+# characters, typographic spaces and dashes) and, where it holds escapes, in its decoded views
+# (ext_proc.detect.decode); findings are mapped back to the spans of the original text.
 
 
-@dataclass(frozen=True, slots=True)
-class _Prepared:
-    text: str
-    # For each removed character i (in order): the stripped index of the character after it.
-    shifts: tuple[int, ...] = ()
-
-    def original(self, index: int) -> int:
-        return index + bisect.bisect_right(self.shifts, index)
-
-    def span(self, start: int, end: int) -> Span:
-        if not self.shifts:
-            return start, end
-        return self.original(start), self.original(end - 1) + 1
-
-
-_ZERO_WIDTH_CHARS = "\u00ad\u200b\u200c\u200d\u200e\u200f\u2060\u2061\u2062\u2063\u2064\ufeff"
-
-
-def _prepare(text: str) -> _Prepared:
-    if text.isascii():
-        return _Prepared(text)
-    if timed_search(_FOLD_PRESENT, text) is not None:
-        text = text.translate(_FOLD_TABLE)
-    if not any(ch in text for ch in _ZERO_WIDTH_CHARS):
-        return _Prepared(text)
-    removed = [m.start() for m in timed_all(_ZERO_WIDTH, text)]
-    if not removed:
-        return _Prepared(text)
-    stripped = _ZERO_WIDTH.sub("", text, timeout=timeout_for(len(text)))
-    return _Prepared(stripped, tuple(pos - i for i, pos in enumerate(removed)))
+def _prepare(text: str) -> View:
+    return canonical(text)
 
 
 class Catalog:
@@ -145,8 +108,44 @@ class Catalog:
         raise AssertionError("unreachable")
 
     def _detect(self, original: str) -> list[Finding]:
-        prepared = _prepare(original)
-        text = prepared.text
+        view = _prepare(original)
+        spans = self._scan(view.text)
+        if view.maps:
+            spans = {kind: [view.span(s, e) for s, e in found] for kind, found in spans.items()}
+        # Escapes are decoded in the view (a full-width `％４０` is an escape too), and what they
+        # decode to is read in its own view again; text spelled in invisible tag characters is
+        # read as the ASCII it mirrors. A finding there counts where it covers a decoded
+        # character (anything else the plain view read already), and redacts the whole encoded
+        # span.
+        if may_hold_escapes(view.text):
+            for decoded in decoded_views(view.text):
+                self._scan_decoded(decoded, view, spans)
+        hidden = hidden_view(original)
+        if hidden is not None:
+            self._scan_decoded(hidden, None, spans)
+        if not spans:
+            return []
+        findings: list[Finding] = []
+        for kind, kind_spans in spans.items():
+            priority = PRIORITY_BASE + PRIORITY.index(kind)
+            for start, end in _merge_overlaps(kind_spans):
+                findings.append(Finding(kind, start, end, priority=priority))
+        findings.sort(key=lambda f: (f.start, f.end, f.priority))
+        return findings
+
+    def _scan_decoded(self, decoded: Decoded, view: View | None, spans: dict[str, list[Span]]) -> None:
+        """Adds the findings of a decoded view (of `view`'s text, or of the original) that cover a
+        decoded character, as spans of the original."""
+        inner = _prepare(decoded.text)
+        for kind, found in self._scan(inner.text).items():
+            for start, end in found:
+                start, end = inner.span(start, end)
+                if decoded.touches(start, end):
+                    start, end = decoded.span(start, end)
+                    spans.setdefault(kind, []).append(view.span(start, end) if view else (start, end))
+
+    def _scan(self, text: str) -> dict[str, list[Span]]:
+        """Every detector's validated spans in `text` (already prepared), by kind."""
         length = len(text)
         scratch = Scratch(text)
         present = scratch.present(self._triggers)
@@ -163,14 +162,7 @@ class Catalog:
             found = list(self._run(detector, text, scratch))
             if found:
                 spans.setdefault(detector.kind, []).extend(found)
-        findings: list[Finding] = []
-        for kind, kind_spans in spans.items():
-            priority = PRIORITY_BASE + PRIORITY.index(kind)
-            for start, end in _merge_overlaps(kind_spans):
-                start, end = prepared.span(start, end)
-                findings.append(Finding(kind, start, end, priority=priority))
-        findings.sort(key=lambda f: (f.start, f.end, f.priority))
-        return findings
+        return spans
 
     def _run(self, detector: Detector, text: str, scratch: Scratch) -> Iterator[Span]:
         validate = VALIDATORS[detector.validator] if detector.validator else _accept

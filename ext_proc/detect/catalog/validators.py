@@ -185,6 +185,11 @@ def _plausible_card(digits: str) -> bool:
     return first == "1" and n == 15  # UATP
 
 
+def _word_after(text: str, end: int) -> bool:
+    """A letter, digit or underscore right after `end`: the digits there are part of a word."""
+    return end < len(text) and (text[end].isascii() and (text[end].isalnum() or text[end] == "_"))
+
+
 def _card(text: str, m: regex.Match[str], span: Span, _o: Options) -> Iterable[Span]:
     """Luhn-valid windows of whole digit groups inside a run of digits and separators."""
     groups = [g.span() for g in timed_all(DIGIT_GROUP, text, span[0], span[1])]
@@ -208,7 +213,7 @@ def _card(text: str, m: regex.Match[str], span: Span, _o: Options) -> Iterable[S
             # Only the last group of a card may be shorter than 3 digits.
             if j > i and groups[j - 1][1] - groups[j - 1][0] < 3:
                 break
-            if _plausible_card(digits) and luhn_valid(digits):
+            if _plausible_card(digits) and luhn_valid(digits) and not _word_after(text, g1):
                 found = j + 1
         if found:
             yield (groups[i][0], groups[found - 1][1])
