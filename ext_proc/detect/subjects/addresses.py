@@ -3,7 +3,8 @@
 Called by ext_proc.detect.subjects.values for each declared address, and by the matcher's `detect`
 (ext_proc.detect.subjects.matcher) to extend an address match over a unit written right after it.
 The street line is the identifier: its suffix, directions, ordinals and Saint/Mount/Fort prefix in
-long and short spellings; a unit is split off; the city alone is never a form.
+long and short spellings, without a direction, and without the suffix where a house number anchors
+it; a unit is split off; the city alone is never a form.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import regex
 
 from ext_proc.detect.normalize import fold
 from ext_proc.detect.subjects.dates import ordinal_suffix
-from ext_proc.detect.subjects.forms import APOSTROPHES, REGEX_TIMEOUT, FormList, FormSet, unique
+from ext_proc.detect.subjects.forms import APOSTROPHES, REGEX_TIMEOUT, Case, FormList, FormSet, unique
 from ext_proc.detect.subjects.reading import key_of
 from ext_proc.detect.subjects.words import is_significant, word_list
 
@@ -112,8 +113,9 @@ def _ordinal_variants(token: str) -> list[str]:
     return [token]
 
 
-def _street_variants(street: list[str]) -> list[list[str]]:
-    """Every spelling of the street line, the declared one first, capped at MAX_STREET_VARIANTS."""
+def _street_variants(street: list[str]) -> list[tuple[list[str], Case]]:
+    """Every spelling of the street line, the declared one first: each token in its long and short
+    spellings, with and without each direction, and without the suffix (`_suffix_case`)."""
     suffix_at = -1
     for i in range(len(street) - 1, 0, -1):
         if street[i] in _SUFFIXES:
@@ -122,11 +124,13 @@ def _street_variants(street: list[str]) -> list[list[str]]:
         if street[i] not in _DIRECTIONS:
             break
     options: list[list[str]] = []
+    directions: list[int] = []
     for i, token in enumerate(street):
         if i == suffix_at:
             group = list(_SUFFIXES[token])
         elif token in _DIRECTIONS and len(street) > 2:
             group = list(_DIRECTIONS[token])
+            directions.append(i)
         elif token in _PREFIXES and 0 < i < max(suffix_at, 1):
             group = list(_PREFIXES[token])
         elif token.endswith("strasse") and len(token) > 7:
@@ -134,14 +138,41 @@ def _street_variants(street: list[str]) -> list[list[str]]:
         else:
             group = _ordinal_variants(token)
         options.append(unique([token, *group]))
-    variants = [list(v) for v in itertools.islice(itertools.product(*options), MAX_STREET_VARIANTS)]
-    # The street line without its suffix, when a house number anchors it and the name is not a
-    # common word ("1428 Quintana" for "1428 Quintana Ave"; not "12 Oak" for "12 Oak Rd": "12 oak
-    # trees" is ordinary text).
-    name = street[1:suffix_at]
-    if suffix_at >= 2 and any(c.isdigit() for c in street[0]) and any(is_significant(t) for t in name):
-        variants.append(street[:suffix_at])
+    numbered = any(c.isdigit() for c in street[0])
+    name = [i for i in range(1 if numbered else 0, len(street)) if i != suffix_at and i not in directions]
+    # A direction may be left out where a name remains ("221B Quillon St" for "221B North Quillon
+    # Street"); the suffix as _suffix_case says.
+    droppable = directions if name else []
+    suffix_case = _suffix_case(street, suffix_at, name) if numbered and name else None
+    variants: list[tuple[list[str], Case]] = []
+    for dropped in _subsets(droppable):
+        for without_suffix in (False, True):
+            if without_suffix and suffix_case is None:
+                continue
+            left_out = {*dropped, suffix_at} if without_suffix else set(dropped)
+            kept = [options[i] for i in range(len(street)) if i not in left_out]
+            case = suffix_case if without_suffix and suffix_case is not None else Case.ANY
+            spellings = itertools.islice(itertools.product(*kept), MAX_STREET_VARIANTS)
+            variants.extend((list(v), case) for v in spellings)
     return variants
+
+
+def _subsets(items: list[int]) -> list[tuple[int, ...]]:
+    """Every subset of a few items, the empty one first."""
+    return [c for size in range(len(items) + 1) for c in itertools.combinations(items, size)]
+
+
+def _suffix_case(street: list[str], suffix_at: int, name: list[int]) -> Case | None:
+    """Whether the street line counts without its suffix: a house number anchors it, and either the
+    name is not a common word or the house number is not a bare one- or two-digit number ("1428
+    Quintana", "1428 Elm" and "221B Oak" count in any case). "12 Oak" for "12 Oak Rd" counts only
+    where written with a capital letter, for redaction: "12 oak trees" is ordinary text."""
+    if suffix_at < 2:
+        return None
+    house = street[0]
+    if any(is_significant(street[i]) for i in name) or len(house) > 2 or not house.isdigit():
+        return Case.ANY
+    return Case.CAPITALISED_ONLY
 
 
 def _address_tokens(text: str) -> list[str]:
@@ -188,8 +219,8 @@ def address_forms(value: str) -> FormList:
     if not parts:
         return forms.result()
     street = [t for t in _street_line(_address_tokens(parts[0]), len(parts) > 1) if t != "#"]
-    for variant in _street_variants(street):
-        forms.add("".join(variant))
+    for variant, case in _street_variants(street):
+        forms.add("".join(variant), case)
     return forms.result()
 
 

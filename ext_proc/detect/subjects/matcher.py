@@ -8,37 +8,46 @@ two readers of the same forms over text read by ext_proc.detect.subjects.reading
 * `detect(text)` for redaction: every occurrence as a `Finding` over the caller's original offsets,
   labelled `SUBJECT{n}_{KIND}`, priority below 10 so it wins over the catalog;
 * `first_survivor(text)` for the egress check (ext_proc.transform.egress): the label of the first
-  declared identifier still readable in a string of the final body (also in its percent-decoded,
-  HTML-unescaped and `\\u`-unescaped copies), or None.
+  declared identifier still readable in a string of the final body (also in its decoded views),
+  or None.
 
 What each kind matches, and what it deliberately does not, is described in docs/subjects.md.
 """
 
 from __future__ import annotations
 
-import html
 import itertools
 import threading
 from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
-from urllib.parse import unquote
 
-import regex
-
+from ext_proc.detect.canonical import canonical_text
+from ext_proc.detect.decode import decoded_views, hidden_view, may_hold_escapes
 from ext_proc.detect.findings import Finding
 from ext_proc.detect.memo import MEMO
 from ext_proc.detect.subjects.addresses import unit_end
-from ext_proc.detect.subjects.forms import REGEX_TIMEOUT, Case, UnreadableValue
+from ext_proc.detect.subjects.dates import DATE_WORDS, MONTH_INSIDES, START_WORDS
+from ext_proc.detect.subjects.forms import Case, UnreadableValue
+from ext_proc.detect.subjects.gaps import (
+    ACROSS_GAP,
+    AS_DATE,
+    MAX_LOOSE_LETTERS,
+    READ_KINDS,
+    date_continuation,
+    date_start,
+    gap_continuation,
+    is_skipped,
+)
 from ext_proc.detect.subjects.header import FIELDS, SubjectHeader, SubjectHeaderError
 from ext_proc.detect.subjects.reading import read
 from ext_proc.detect.subjects.values import value_forms
+from ext_proc.detect.subjects.words import GAP_CONNECTORS
 from ext_proc.errors import DetectionError
 from ext_proc.media.parts import MEDIA_MIN_LENGTH, is_media_payload
 
 CACHE_SIZE = 256  # compiled headers kept (an agent session reuses one header many times)
-TIMEOUT_CHARS = 250_000  # an egress decoding regex gets REGEX_TIMEOUT per this many characters
 # The scan has no regex in it: a trie-shaped regex alternation over ~1,350 forms took half a second
 # to compile and ~70 ms to scan 8 KB (the engine tries branches one after another), while sets of
 # forms and of their prefixes compile in milliseconds and are probed once per segment.
@@ -88,44 +97,58 @@ class Form:
 
 
 @dataclass(frozen=True, slots=True)
+class Readings:
+    """Where the scan may read a segment otherwise than as written: after a prefix of a number's
+    key that ends between two digits (a gap of words may follow), and inside a date's key (a date
+    word may follow)."""
+
+    gap_prefixes: frozenset[str] = frozenset()
+    rereads: frozenset[str] = frozenset()  # the gap prefixes and every prefix of a date's key
+    dated: bool = False  # a date is declared
+
+
+_NOTHING: frozenset[str] = frozenset()
+_NO_WORDS: dict[str, tuple[int, str]] = {}
+_DIGITS = "0123456789"
+
+
+@dataclass(frozen=True, slots=True)
 class _Hit:
     first: int  # index of the first segment
     last: int  # index of the last segment
     key: str
     bounds: tuple[int, ...]  # offsets in the key where one segment ended and the next began
-
-
-def _timeout(length: int) -> float:
-    return REGEX_TIMEOUT * (1 + length / TIMEOUT_CHARS)
-
-
-_ESCAPES = regex.compile(r"\\(?:u([0-9a-fA-F]{4})|x([0-9a-fA-F]{2}))")
-_PERCENT = regex.compile(r"%[0-9a-fA-F]{2}")
+    read: int  # AS_WRITTEN, or how ext_proc.detect.subjects.gaps read some of its segments
 
 
 def _decodings(text: str) -> Iterator[str]:
-    """Copies of `text` with encodings that insert letters or digits undone (egress only)."""
-    try:
-        if "%" in text and _PERCENT.search(text, timeout=_timeout(len(text))):
-            yield unquote(text.replace("+", " "))
-        if "&" in text and ";" in text:
-            unescaped = html.unescape(text)
-            if unescaped != text:
-                yield unescaped
-        if "\\" in text:
-            unescaped = _ESCAPES.sub(
-                lambda m: chr(int(m.group(1) or m.group(2), 16)), text, timeout=_timeout(len(text))
-            )
-            if unescaped != text:
-                yield unescaped
-    except TimeoutError:
-        raise DetectionError("subject matcher timed out") from None
+    """The decoded views of `text` (ext_proc.detect.decode: text in invisible tag characters;
+    percent, entity, backslash, CSS and quoted-printable escapes and `(at)`/`[dot]`, undone round
+    after round), for the egress check. Escapes are decoded in the canonical view, so a
+    full-width `％４０` is one too."""
+    if text.isascii() and not may_hold_escapes(text):
+        return  # the canonical view of ASCII text adds no escape
+    hidden = hidden_view(text)
+    if hidden is not None:
+        yield hidden.text
+    for decoded in decoded_views(canonical_text(text)):
+        yield decoded.text
 
 
 class CompiledSubjects:
     """The matchers of one header. Immutable after construction; safe to share across requests."""
 
-    __slots__ = ("_prefixes", "_variants", "digest", "form_count", "labels")
+    __slots__ = (
+        "_dated",
+        "_gap_prefixes",
+        "_prefixes",
+        "_rereads",
+        "_starts",
+        "_variants",
+        "digest",
+        "form_count",
+        "labels",
+    )
 
     def __init__(
         self,
@@ -133,12 +156,21 @@ class CompiledSubjects:
         variants: dict[str, tuple[_Variant, ...]],
         prefixes: frozenset[str],
         labels: frozenset[str],
+        readings: Readings | None = None,
     ) -> None:
         self.digest = digest
         self._variants = variants
         self._prefixes = prefixes  # every prefix of every key: can a segment run still become one?
         self.labels = labels
         self.form_count = len(variants)
+        readings = readings or Readings()
+        self._dated = readings.dated
+        self._gap_prefixes = readings.gap_prefixes
+        # Where a candidate may go on otherwise than as written (ext_proc.detect.subjects.gaps).
+        self._rereads = readings.rereads
+        # Segments that may begin a candidate: prefixes, and date words that read as one.
+        starts = [w for reading, words in START_WORDS.items() if reading in prefixes for w in words]
+        self._starts = prefixes.union(starts) if self._dated and starts else prefixes
 
     def __repr__(self) -> str:  # never the forms: they are declared values
         labels = sorted(self.labels)
@@ -153,33 +185,103 @@ class CompiledSubjects:
     # --- scanning
 
     def _scan(self, segments: list[str], shortest: int = 0) -> Iterator[_Hit]:
-        """Every run of segments that spells a form's key (at least `shortest` characters)."""
+        """Every run of segments that spells a form's key (at least `shortest` characters).
+
+        A segment continues a candidate where the concatenation is still a prefix of a key. Where
+        it is not, and the candidate could go on as a written date or a number's digit groups
+        (`_rereads`), ext_proc.detect.subjects.gaps may read the segment (and a few after it)
+        otherwise. Not in a media file's base64 (`shortest`): nobody writes words there.
+        """
         prefixes = self._prefixes
         variants = self._variants
+        rereads = self._rereads if not shortest else _NOTHING
+        date_words = DATE_WORDS if self._dated else _NO_WORDS
+        gap_prefixes = self._gap_prefixes
+        starts = self._starts if not shortest else prefixes
+        date_starts = starts is not prefixes
+        digits = _DIGITS
+        connectors = GAP_CONNECTORS
         count = len(segments)
         budget = STEPS_PER_SEGMENT * count + STEPS_FLOOR
-        for first in itertools.compress(itertools.count(), map(prefixes.__contains__, segments)):
+        for first in itertools.compress(itertools.count(), map(starts.__contains__, segments)):
             text = segments[first]
+            read = 0  # AS_WRITTEN
+            if date_starts and text not in prefixes:
+                start = date_start(segments, first, prefixes)  # "julio 14 de 1986"
+                if start is None:
+                    continue
+                text, read = start, AS_DATE
             bounds: tuple[int, ...] = ()
             last = first
             while True:
                 if text in variants and len(text) >= shortest:
-                    yield _Hit(first, last, text, bounds)
+                    yield _Hit(first, last, text, bounds, read)
                 last += 1
                 if last >= count:
                     break
-                longer = text + segments[last]
+                segment = segments[last]
+                longer = text + segment
                 if longer not in prefixes:
-                    break
+                    if text not in rereads or segment[0] in digits:
+                        break  # both readings start at a word: a date's, or one that may begin a gap
+                    if segment in date_words:
+                        continued = self._reread(segments, first, last, text, bounds)
+                    elif text not in gap_prefixes:
+                        break
+                    elif last + 1 < count and segments[last + 1][0] in digits:
+                        # The common gap, one word between two digit groups, read here.
+                        if len(segment) > MAX_LOOSE_LETTERS and segment not in connectors:
+                            break
+                        continued = (text, text + segments[last + 1], last + 1, ACROSS_GAP)
+                        if continued[1] not in prefixes:
+                            break
+                    elif len(segment) == 1 or segment in connectors:
+                        continued = self._reread(segments, first, last, text, bounds)
+                    else:
+                        break
+                    if continued is None:
+                        break
+                    base, longer, skipped_to, how = continued
+                    if base is not text:  # the previous segment was read again, as a date word
+                        bounds = bounds[:-1]
+                    budget -= skipped_to - last
+                    last = skipped_to
+                    read |= how
+                    text = base
                 bounds += (len(text),)
                 text = longer
                 budget -= 1
                 if budget < 0:
                     raise DetectionError("subject matcher exceeded its work bound")
 
+    def _reread(
+        self, segments: list[str], first: int, at: int, text: str, bounds: tuple[int, ...]
+    ) -> tuple[str, str, int, int] | None:
+        """`text` continued from segment `at` as a written date, or across a gap between digit
+        groups: (the text it continues, the continued text, the segment it ends on, how read)."""
+        if segments[at] in DATE_WORDS and self._dated:
+            continued = date_continuation(segments, first, at, text, self._prefixes)
+            if continued is not None:
+                return text, *continued, AS_DATE
+            # A date's connecting word taken as written because it begins a month's abbreviation
+            # ("31 de dezembro": "de" of "dec"): read it again as a connecting word.
+            previous = segments[at - 1]
+            if at - 1 > first and bounds and bounds[-1] == len(text) - len(previous) and is_skipped(previous):
+                base = text[: bounds[-1]]
+                continued = date_continuation(segments, first, at - 1, base, self._prefixes)
+                if continued is not None:
+                    return base, *continued, AS_DATE
+        if text in self._gap_prefixes:
+            continued = gap_continuation(segments, at, text, self._prefixes)
+            if continued is not None:
+                return text, *continued, ACROSS_GAP
+        return None
+
     @staticmethod
-    def _fits(variant: _Variant, bounds: tuple[int, ...]) -> bool:
-        return not variant.required or variant.required.issubset(bounds)
+    def _fits(variant: _Variant, hit: _Hit) -> bool:
+        if hit.read and variant.kind not in READ_KINDS[hit.read]:
+            return False  # a date's words make no phone, a gap between digit groups no date
+        return not variant.required or variant.required.issubset(hit.bounds)
 
     # --- redaction
 
@@ -199,7 +301,7 @@ class CompiledSubjects:
         inserted = reading.inserted
         pieces = reading.spaced.split(" ")
         segments = list(filter(None, pieces))
-        if not segments or self._prefixes.isdisjoint(segments):
+        if not segments or self._starts.isdisjoint(segments):
             return []
         hits = list(self._scan(segments, _shortest_key(text)))
         if not hits:
@@ -222,7 +324,7 @@ class CompiledSubjects:
             start, end = span(hit.first, hit.last)
             capitalised: bool | None = None
             for variant in self._variants[hit.key]:
-                if not self._fits(variant, hit.bounds):
+                if not self._fits(variant, hit):
                     continue
                 if variant.case is not Case.ANY:
                     if capitalised is None:
@@ -257,7 +359,7 @@ class CompiledSubjects:
 
     def _survivor(self, text: str) -> str | None:
         segments = read(text, offsets=False).spaced.split()
-        if not segments or self._prefixes.isdisjoint(segments):
+        if not segments or self._starts.isdisjoint(segments):
             return None
         shortest = _shortest_key(text)
         # The longest form at the first place any form starts names the hit ("mqvance77" is the
@@ -268,7 +370,7 @@ class CompiledSubjects:
             if found is not None and hit.first != found_at:
                 break
             for variant in self._variants[hit.key]:
-                if variant.case is not Case.CAPITALISED_ONLY and self._fits(variant, hit.bounds):
+                if variant.case is not Case.CAPITALISED_ONLY and self._fits(variant, hit):
                     found, found_at = variant.label, hit.first
                     break
         return found
@@ -279,10 +381,31 @@ class CompiledSubjects:
 # "mqv" would be found in one screenshot in a few and corrupt it), a 6-character one about once per
 # 10^9; a whole name, an email or a handle written there is still found.
 MEDIA_SHORTEST_KEY = 6
+# A text that is one hex identifier (a UUID, a trace or request id: dash-separated groups of hex
+# digits, 16 or more, letters and digits both) is random in the same way: a 3-letter key such as
+# "ada" sits between its digits in about one UUID in 250, a 6-character one in one in 10^8.
+HEX_ID_MIN_DIGITS = 16
+HEX_ID_MAX_CHARS = 128
+_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
+
+
+def is_hex_id(text: str) -> bool:
+    """Whether `text` is one hex identifier (a UUID, a trace id), read with long keys only."""
+    if not HEX_ID_MIN_DIGITS <= len(text) <= HEX_ID_MAX_CHARS or text[0] not in _HEX_DIGITS:
+        return False
+    groups = text.split("-")
+    return (
+        len(text) - len(groups) + 1 >= HEX_ID_MIN_DIGITS
+        and all(group and _HEX_DIGITS.issuperset(group) for group in groups)
+        and any(c.isdigit() for c in text)
+        and any(c.isalpha() for c in text)
+    )
 
 
 def _shortest_key(text: str) -> int:
-    return MEDIA_SHORTEST_KEY if len(text) >= MEDIA_MIN_LENGTH and is_media_payload(text) else 0
+    if len(text) >= MEDIA_MIN_LENGTH and is_media_payload(text):
+        return MEDIA_SHORTEST_KEY
+    return MEDIA_SHORTEST_KEY if is_hex_id(text) else 0
 
 
 def _merge(spans: list[tuple[int, int, _Variant]]) -> list[Finding]:
@@ -320,6 +443,8 @@ def _variant_order(v: _Variant) -> tuple[bool, int, int, Case, int]:
 def _compile(header: SubjectHeader) -> CompiledSubjects:
     collected: dict[str, list[_Variant]] = {}
     prefix_sets: list[frozenset[str]] = []
+    gap_sets: list[frozenset[str]] = []
+    date_sets: list[frozenset[str]] = []
     labels: set[str] = set()
     for subject in header.subjects:
         for kind, values in subject.values.items():
@@ -337,6 +462,10 @@ def _compile(header: SubjectHeader) -> CompiledSubjects:
                 except TimeoutError:
                     raise DetectionError("subject compilation timed out") from None
                 prefix_sets.append(compiled.prefixes)
+                if compiled.gap_prefixes:
+                    gap_sets.append(compiled.gap_prefixes)
+                if kind == "DOB":
+                    date_sets.append(compiled.prefixes)
                 for key, required, case, weak in compiled.forms:
                     variant = interned.get((case, required, weak))
                     if variant is None:
@@ -351,7 +480,15 @@ def _compile(header: SubjectHeader) -> CompiledSubjects:
         key: tuple(vs) if len(vs) == 1 else tuple(sorted(vs, key=_variant_order))
         for key, vs in collected.items()
     }
-    return CompiledSubjects(header.digest, variants, frozenset().union(*prefix_sets), frozenset(labels))
+    gap_prefixes: frozenset[str] = frozenset().union(*gap_sets)
+    rereads = gap_prefixes
+    if date_sets:
+        joined = set().union(*gap_sets, *date_sets)
+        joined.difference_update(MONTH_INSIDES)
+        rereads = frozenset(joined)
+    readings = Readings(gap_prefixes, rereads, bool(date_sets))
+    prefixes: frozenset[str] = frozenset().union(*prefix_sets)
+    return CompiledSubjects(header.digest, variants, prefixes, frozenset(labels), readings)
 
 
 def compile_subjects(header: SubjectHeader) -> CompiledSubjects:

@@ -3,7 +3,8 @@
 Called by ext_proc.detect.subjects.values for each declared name. Tokens are split on spaces,
 hyphens, periods and commas (apostrophes join); honorifics are dropped; a comma means surname
 first. The forms are token orders, initials with the surname, given name with surname initials,
-and significant tokens alone (counted only when capitalised in the text).
+and significant tokens alone (counted only when capitalised in the text); a one-token name that is
+a common word is never matched alone.
 """
 
 from __future__ import annotations
@@ -53,7 +54,10 @@ def name_forms(value: str) -> FormList:
     tokens = given + surname
     if len(tokens) <= 1:
         token = tokens[0] if tokens else everything
-        forms.add(token, Case.CAPITALISED if is_significant(token) else Case.CAPITALISED_ONLY)
+        # A common word or a particle ("Will", "Grace", "Van") is never matched alone, capitalised
+        # or not: "Will you help?" is no mention of anyone. What it is written with still is.
+        if not (is_common_word(token) or token in PARTICLES):
+            forms.add(token, Case.CAPITALISED if is_significant(token) else Case.CAPITALISED_ONLY)
         if everything != token:
             forms.add(everything, Case.ANY if len(everything) >= 3 else Case.CAPITALISED_ONLY)
         return forms.result()

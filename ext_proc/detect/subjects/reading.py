@@ -2,8 +2,9 @@
 
 Both readers of the compiled subjects (ext_proc.detect.subjects.matcher: redaction's `detect` and
 the egress check's `first_survivor`) and the form generators (a declared value is read the same way)
-start here. Text is folded (ext_proc.detect.normalize) and cut into maximal runs of letters and of
-digits; every other character is a separator, and a space is inserted where a letter meets a digit.
+start here. Text is folded (ext_proc.detect.normalize: the canonical view of
+ext_proc.detect.canonical, case-folded) and cut into maximal runs of letters and of digits; every
+other character is a separator, and a space is inserted where a letter meets a digit.
 
 The cheapest exact route is taken: byte tables for Latin-1 text and for text whose wide characters
 each fold to one Latin-1 character; fold tables filled on first sight otherwise; the per-character
@@ -18,18 +19,11 @@ from typing import NamedTuple, TypeVar
 
 from ext_proc.detect.normalize import Folded, fold_char, fold_with_offsets
 
-# Letters that are not accented forms of a base letter (so folding keeps them) but are written
-# without their stroke on a plain keyboard; one for one, so offsets are unchanged. Modifier-letter
-# apostrophes are letters in Unicode; they separate like an apostrophe does.
+# The canonical view reads letters with a stroke as their base letter (`ø`, `ł`, `đ`); eth is
+# written `d` on a plain keyboard. Modifier-letter apostrophes are letters in Unicode; they
+# separate like an apostrophe does. One for one, so offsets are unchanged.
 _EXTRA_FOLD = {
-    "ø": "o",
-    "ł": "l",
-    "đ": "d",
     "ð": "d",
-    "ħ": "h",
-    "ı": "i",
-    "ŧ": "t",
-    "ƚ": "l",
     "ʼ": " ",
     "ʻ": " ",
     "ʹ": " ",

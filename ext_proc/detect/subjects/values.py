@@ -3,7 +3,8 @@
 Called by `compile_subjects` (ext_proc.detect.subjects.matcher) for every value of a parsed header.
 Dispatches on the declared kind to its generator (names, contacts, dates, addresses, or the literal
 letters and digits of an id, handle or other value), adds the spelled-out form of ligature letters,
-and splits each form into its key, its required separators and every prefix the scan looks up.
+and splits each form into its key, its required separators and every prefix the scan looks up,
+and, for numbers (phones, ids), the prefixes after which the scan may pass over a few words.
 """
 
 from __future__ import annotations
@@ -21,6 +22,11 @@ from ext_proc.detect.subjects.names import name_forms
 from ext_proc.detect.subjects.reading import key_of
 
 FORM_CACHE_SIZE = 4096  # compiled values kept across headers (a header that changes one value)
+# Kinds whose digit groups are read across a few words between them ("404 then 555 and 0187"), when
+# the form holds at least GAP_MIN_DIGITS digits: a shorter number written in words would be found in
+# ordinary prose; seven digits in order, group by group, are not there by chance.
+GAP_KINDS = frozenset({"PHONE", "ID", "HANDLE", "OTHER"})
+GAP_MIN_DIGITS = 7
 
 
 def literal_forms(value: str) -> FormList:
@@ -67,6 +73,7 @@ class ValueForms:
 
     forms: tuple[tuple[str, frozenset[int], Case, bool], ...]  # key, required separators, case, weak
     prefixes: frozenset[str]
+    gap_prefixes: frozenset[str]  # prefixes ending inside a digit run of a number: a gap may follow
 
 
 @lru_cache(maxsize=FORM_CACHE_SIZE)
@@ -79,7 +86,25 @@ def value_forms(kind: str, value: str) -> ValueForms:
     for form, case, weak in forms_of(kind, value):
         key, required = split_marks(form)
         forms.append((key, required, case, weak))
-    return ValueForms(tuple(forms), _prefix_closure(key for key, _, _, _ in forms))
+    keys = [key for key, _, _, _ in forms]
+    prefixes = _prefix_closure(keys)
+    return ValueForms(tuple(forms), prefixes, _gap_prefixes(kind, keys, prefixes))
+
+
+def _gap_prefixes(kind: str, keys: list[str], prefixes: frozenset[str]) -> frozenset[str]:
+    """The prefixes of a number's keys that end between two of its digits ("404" of "4045550187")."""
+    if kind not in GAP_KINDS:
+        return frozenset()
+    numbers = [key for key in keys if len(key) - len(key.translate(_NO_DIGITS)) >= GAP_MIN_DIGITS]
+    if len(numbers) == len(keys) and all(map(str.isdigit, keys)):
+        return prefixes  # a phone: every prefix ends between two digits (or is a whole key)
+    out: set[str] = set()
+    for key in numbers:
+        out.update(key[:i] for i in range(1, len(key)) if key[i - 1].isdigit() and key[i].isdigit())
+    return frozenset(out)
+
+
+_NO_DIGITS = str.maketrans("", "", "0123456789")
 
 
 def _prefix_closure(keys: Iterable[str]) -> frozenset[str]:

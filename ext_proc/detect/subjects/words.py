@@ -1,8 +1,10 @@
-"""Common words: which declared tokens are too ordinary to identify someone on their own.
+"""Word lists: which declared tokens are too ordinary to identify someone on their own, and which
+words may join the digit groups of a number.
 
 The form generators (ext_proc.detect.subjects.names, .contacts, .addresses) ask here whether a
 token is significant: a name token, an email's local part or a street name that is a common word
-("Will", "Grace", "Oak") is matched only in combination with the rest of its value.
+("Will", "Grace", "Oak") is matched only in combination with the rest of its value. The matcher's
+scan (ext_proc.detect.subjects.matcher) reads a number's digit groups across `GAP_CONNECTORS`.
 """
 
 from __future__ import annotations
@@ -23,6 +25,17 @@ PARTICLES = frozenset(
     )
 )
 _PLURAL_ES = ("s", "x", "z", "ch", "sh")
+
+# Words that may stand between the digit groups of a phone number or an id, two or three at a time
+# ("area code 404, then 555 and 0187", "404 followed by 555", "dash", "and then"). Any single word
+# of a few letters may too; two ordinary words may not ("404 apples and 555 pears").
+GAP_CONNECTORS = frozenset(
+    word_list(
+        "and then dash hyphen minus dot point period space plus comma slash colon underscore hash "
+        "followed by area code country local next after that is its it the rest last digits finally "
+        "lastly also with to or number no nr num ext extension line part of"
+    )
+)
 
 
 @cache
