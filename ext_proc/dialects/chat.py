@@ -1,21 +1,24 @@
 """OpenAI Chat Completions (`/v1/chat/completions`): everything the processor knows about it.
 
 Requests: `messages[]` with roles; system and developer messages are system text; media sits in
-the content parts (`image_url`, `input_audio`, `file`) and in a message's `audio` reference.
+the content parts (`image_url`, `input_audio`, `file`, and the `video_url`, `audio_url`,
+`image_embeds` and `document_url` parts of compatible servers) and in a message's `audio` reference.
 Streamed replies: `choices[i].delta` texts and tool-call argument fragments, one channel each,
 ended by the choice's `finish_reason`. A failed stream ends with a `data:` error object.
 """
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Hashable, Iterator
+from typing import Any, ClassVar
 
 from ext_proc.dialects.base import Dialect, Position
 from ext_proc.dialects.providers import OPENAI, openai_error
 from ext_proc.errors import Refusal
-from ext_proc.media.parts import MediaPart, dicts, file_data, id_part, str_at, url_part
+from ext_proc.media.parts import MediaPart, base64_part, dicts, file_data, id_part, str_at, url_part
+from ext_proc.restore.output_gate import STRUCTURAL_KEYS
 from ext_proc.restore.sse import Channel, ChannelKey, ChannelStream, Site, SseEvent, apply_sites
 
 SYSTEM_ROLES = frozenset({"system", "developer"})
@@ -34,7 +37,11 @@ def system_positions(doc: object) -> Iterator[Position]:
 
 
 def chat_part(part: dict[str, Any]) -> Iterator[MediaPart]:
-    """The media of one content part (the generic dialect reads a Chat-shaped part by it too)."""
+    """The media of one content part (the generic dialect reads a Chat-shaped part by it too).
+
+    Besides OpenAI's own parts (`image_url`, `input_audio`, `file`), the parts OpenAI-compatible
+    servers accept: `video_url` and `audio_url` (vLLM, SGLang), `image_embeds` (vLLM: a serialised
+    tensor, or a dict of them), `document_url` and a bare-string `input_audio` (Mistral)."""
     kind = part.get("type")
     if kind == "image_url" or (kind is None and "image_url" in part):
         # `{"url": …}` as documented; a bare string and a part without `type` are accepted by
@@ -44,16 +51,40 @@ def chat_part(part: dict[str, Any]) -> Iterator[MediaPart]:
             yield from url_part("image", part, "image_url")
         else:
             yield from url_part("image", image, "url")
+    elif kind in URL_PARTS:
+        media, field = URL_PARTS[kind]
+        value = part.get(field)
+        if isinstance(value, str):
+            yield from url_part(media, part, field)
+        else:
+            yield from url_part(media, value, "url")
     elif kind == "input_audio":
         audio = part.get("input_audio")
-        if isinstance(audio, dict) and str_at(audio, "data"):
-            yield MediaPart("audio", "base64", audio, "data")
+        if isinstance(audio, dict):
+            yield from base64_part("audio", audio, "data")
+        else:
+            yield from base64_part("audio", part, "input_audio")
+    elif kind == "image_embeds":
+        embeds = part.get("image_embeds")
+        if isinstance(embeds, dict):
+            for key in embeds:
+                yield from base64_part("embedding", embeds, key)
+        else:
+            yield from base64_part("embedding", part, "image_embeds")
     elif kind == "file":
         file = part.get("file")
         if isinstance(file, dict):
             if str_at(file, "file_data"):
                 yield from file_data("file", file, "file_data")
             yield from id_part("file", file, "file_id")
+
+
+# Part type → (media, the field holding `{"url": …}` or the URL itself).
+URL_PARTS: dict[str, tuple[str, str]] = {
+    "video_url": ("video", "video_url"),
+    "audio_url": ("audio", "audio_url"),
+    "document_url": ("file", "document_url"),
+}
 
 
 def media(doc: object) -> Iterator[MediaPart]:
@@ -71,9 +102,19 @@ def media(doc: object) -> Iterator[MediaPart]:
 
 
 class ChatStream(ChannelStream):
-    """OpenAI Chat Completions: `choices[i].delta` texts and tool-call argument fragments."""
+    """OpenAI Chat Completions: every string of `choices[i].delta`, which the SDK joins chunk by
+    chunk. Restored as channels: the texts (`content`, `refusal`, the reasoning fields, the audio
+    `transcript`) and the JSON text of tool-call and legacy `function_call` arguments; every other
+    string of a delta is a gate channel of its key path (`audio.data` is base64 audio: media, not
+    read). A choice's channels end with its `finish_reason`."""
 
     TEXT_FIELDS = ("content", "refusal", "reasoning_content", "reasoning")
+    # Nested delta fields with channels of their own: (object, field) → JSON text.
+    NESTED: ClassVar[dict[tuple[str, str], bool]] = {
+        ("audio", "transcript"): False,
+        ("function_call", "arguments"): True,
+    }
+    MEDIA: ClassVar[frozenset[tuple[str, str]]] = frozenset({("audio", "data")})
 
     def handle(self, event: SseEvent, data: Any) -> list[bytes]:
         choices = data.get("choices") if isinstance(data, dict) else None
@@ -100,6 +141,7 @@ class ChatStream(ChannelStream):
                         site.out += self._end(key)[1]
                     else:
                         before.extend(self._flush([key]))
+                self._finish_gate(functools.partial(_owned_by, ci=ci))
             if apply_sites(sites):
                 changed = True
                 if self._emptied(choice):
@@ -124,16 +166,48 @@ class ChatStream(ChannelStream):
                 key: ChannelKey = ("chat", ci, field)
                 out = self._feed(key, event, data, choice, text, json_escaped=False)
                 sites.append(Site(key, delta, field, text, out))
+        for (outer, field), json_escaped in self.NESTED.items():
+            inner = delta.get(outer)
+            text = inner.get(field) if isinstance(inner, dict) else None
+            if isinstance(text, str) and text:
+                assert isinstance(inner, dict)
+                key = ("chat", ci, outer, field)
+                out = self._feed(key, event, data, choice, text, json_escaped=json_escaped)
+                sites.append(Site(key, inner, field, text, out))
+        for outer, field in self.MEDIA:
+            inner = delta.get(outer)
+            if isinstance(inner, dict) and isinstance(inner.get(field), str):
+                value = inner[field]
+                sites.append(Site(("chat", ci, outer, field), inner, field, value, value))
         tool_calls = delta.get("tool_calls")
         if isinstance(tool_calls, list):
             for tpos, call in enumerate(tool_calls):
-                function = call.get("function") if isinstance(call, dict) else None
+                if not isinstance(call, dict):
+                    continue
+                index = call.get("index", tpos)
+                function = call.get("function")
                 args = function.get("arguments") if isinstance(function, dict) else None
                 if isinstance(args, str) and args:
-                    assert isinstance(call, dict) and isinstance(function, dict)
-                    key = ("chat", ci, "tool", call.get("index", tpos))
+                    assert isinstance(function, dict)
+                    key = ("chat", ci, "tool", index)
                     out = self._feed(key, event, data, choice, args, json_escaped=True)
                     sites.append(Site(key, function, "arguments", args, out))
+                # The call's other strings (its name, fields this code does not know).
+                sites += self._path_sites(call, ("chat", ci, "tool", index, "call"), frozenset({"arguments"}))
+        # Every other string of the delta: a gate channel of its key path.
+        handled = {
+            outer: frozenset(f for o, f in (*self.NESTED, *self.MEDIA) if o == outer)
+            for outer, _ in (*self.NESTED, *self.MEDIA)
+        }
+        for field, value in delta.items():
+            if field in self.TEXT_FIELDS or field == "tool_calls":
+                continue
+            prefix: ChannelKey = ("chat", ci, "delta", field)
+            if isinstance(value, (dict, list)):
+                sites += self._path_sites(value, prefix, handled.get(field, frozenset()))
+            elif isinstance(value, str) and value and field not in STRUCTURAL_KEYS:
+                self._gate_feed(prefix, value)
+                sites.append(Site(prefix, delta, field, value, value))
         return sites
 
     @staticmethod
@@ -149,6 +223,9 @@ class ChatStream(ChannelStream):
                 delta["tool_calls"] = calls
             else:
                 del delta["tool_calls"]
+        for outer, _ in ChatStream.NESTED:
+            if delta.get(outer) == {}:
+                del delta[outer]
         return not delta and choice.get("finish_reason") is None and not choice.get("logprobs")
 
     def _synthetic(self, key: ChannelKey, channel: Channel, text: str) -> dict[str, Any]:
@@ -164,10 +241,17 @@ class ChatStream(ChannelStream):
             # Only index and the fragment: SDKs concatenate every string field of a delta, so a
             # repeated `id` or `name` would be doubled.
             choice["delta"] = {"tool_calls": [{"index": key[3], "function": {"arguments": text}}]}
+        elif len(key) == 4:
+            choice["delta"] = {key[2]: {key[3]: text}}
         else:
             choice["delta"] = {key[2]: text}
         data["choices"] = [choice]
         return data
+
+
+def _owned_by(key: Hashable, ci: Any) -> bool:
+    """Whether gate channel `key` belongs to choice `ci` of a Chat stream."""
+    return isinstance(key, tuple) and len(key) > 1 and key[0] == "chat" and key[1] == ci
 
 
 def _bare_tool_call(call: dict[str, Any]) -> bool:

@@ -1,11 +1,12 @@
 """OpenAI Responses (`/v1/responses`, `/v1/responses/input_tokens`): everything the processor knows about it.
 
 Requests: `instructions` and system/developer input items are system text. Every input item type
-is walked, including types the API adds later; only the media positions below are exempt
-(`input_image`, `input_file`, `input_audio` and `computer_screenshot` parts, in messages, tool
-outputs and prompt variables, and generated images). Streamed replies: `response.*.delta` events,
-one channel per item and part, ended by their `.done`, the part's or item's end, or the response's.
-A failed stream ends with an `error` event.
+is walked, including types the API adds later; media sits in `input_image`, `input_file`,
+`input_audio` and `computer_screenshot` parts (in messages, tool outputs, prompt variables and a
+list-form `instructions`), in generated images and a code interpreter's image outputs, and in the
+files a request hands its tools (container file ids, vector stores, an image mask). Streamed
+replies: `response.*.delta` events, one channel per item and part, ended by their `.done`, the
+part's or item's end, or the response's. A failed stream ends with an `error` event.
 """
 
 from __future__ import annotations
@@ -18,7 +19,16 @@ from typing import Any, ClassVar
 from ext_proc.dialects.base import Dialect, Position
 from ext_proc.dialects.providers import OPENAI, openai_error
 from ext_proc.errors import Refusal
-from ext_proc.media.parts import MediaPart, dicts, file_data, id_part, str_at, url_part
+from ext_proc.media.parts import (
+    MediaPart,
+    base64_part,
+    dicts,
+    file_data,
+    id_list,
+    id_part,
+    str_at,
+    url_part,
+)
 from ext_proc.restore.sse import Channel, ChannelKey, ChannelStream, Site, SseEvent, apply_sites
 
 SYSTEM_ROLES = frozenset({"system", "developer"})
@@ -52,14 +62,13 @@ def responses_part(part: dict[str, Any]) -> Iterator[MediaPart]:
         yield from id_part("file", part, "file_id")
     elif kind == "input_audio":
         audio = part.get("input_audio")
-        if isinstance(audio, dict) and str_at(audio, "data"):
-            yield MediaPart("audio", "base64", audio, "data")
+        if isinstance(audio, dict):
+            yield from base64_part("audio", audio, "data")
 
 
-def media(doc: object) -> Iterator[MediaPart]:
-    if not isinstance(doc, dict):
-        return
-    for item in dicts(doc.get("input")):
+def items_media(items: object) -> Iterator[MediaPart]:
+    """The media of a list of input items (`input`, and `instructions` in its list form)."""
+    for item in dicts(items):
         kind = item.get("type")
         if kind == "message" or (kind is None and "role" in item):
             for part in dicts(item.get("content")):
@@ -71,8 +80,41 @@ def media(doc: object) -> Iterator[MediaPart]:
             output = item.get("output")
             if isinstance(output, dict):
                 yield from responses_part(output)
-        elif kind == "image_generation_call" and str_at(item, "result"):
-            yield MediaPart("image", "base64", item, "result")
+        elif kind == "image_generation_call":
+            yield from base64_part("image", item, "result")
+        elif kind == "code_interpreter_call":
+            # Images the code produced, replayed: `{"type": "image", "url": …}` outputs.
+            for output in dicts(item.get("outputs")):
+                if output.get("type") == "image":
+                    yield from url_part("image", output, "url")
+
+
+def tools_media(tools: object) -> Iterator[MediaPart]:
+    """Files a request hands its tools: a code interpreter's container (its file ids, or a
+    container id), file search's vector stores, an image generation's input mask."""
+    for tool in dicts(tools):
+        kind = tool.get("type")
+        if kind == "code_interpreter":
+            container = tool.get("container")
+            if isinstance(container, str) and container:
+                yield MediaPart("file", "reference", tool, "container")
+            elif isinstance(container, dict):
+                yield from id_list("file", container, "file_ids")
+        elif kind == "file_search":
+            yield from id_list("file", tool, "vector_store_ids")
+        elif kind == "image_generation":
+            mask = tool.get("input_image_mask")
+            if isinstance(mask, dict):
+                yield from url_part("image", mask, "image_url")
+                yield from id_part("image", mask, "file_id")
+
+
+def media(doc: object) -> Iterator[MediaPart]:
+    if not isinstance(doc, dict):
+        return
+    yield from items_media(doc.get("input"))
+    yield from items_media(doc.get("instructions"))
+    yield from tools_media(doc.get("tools"))
     prompt = doc.get("prompt")
     variables = prompt.get("variables") if isinstance(prompt, dict) else None
     if isinstance(variables, dict):
@@ -89,25 +131,45 @@ def media(doc: object) -> Iterator[MediaPart]:
 class _Delta:
     index_field: str | None  # which index, besides item_id, tells the channel apart
     json_escaped: bool
+    # The gate channel the SDK joins this text into across parts and items (`output_text`), or
+    # None: one per item (a tool call's arguments are a text of their own).
+    joined: str | None
 
 
 class ResponsesStream(ChannelStream):
-    """OpenAI Responses: `response.*.delta` events, ended by their `.done` or the item's end."""
+    """OpenAI Responses: `response.*.delta` events, ended by their `.done` or the item's end.
+
+    The output text is one gate channel across every part and item (the SDK's `output_text` joins
+    them), and so are the refusal, the reasoning text and summary, and the audio transcript; a
+    part's text starts with what `*.part.added` carries. `response.audio.delta` is base64 audio:
+    media, not read.
+    """
 
     DELTAS: ClassVar[dict[str, _Delta]] = {
-        "response.output_text.delta": _Delta("content_index", False),
-        "response.refusal.delta": _Delta("content_index", False),
-        "response.reasoning_text.delta": _Delta("content_index", False),
-        "response.reasoning_summary_text.delta": _Delta("summary_index", False),
-        "response.function_call_arguments.delta": _Delta(None, True),
-        "response.custom_tool_call_input.delta": _Delta(None, False),
-        "response.mcp_call_arguments.delta": _Delta(None, True),
+        "response.output_text.delta": _Delta("content_index", False, "output_text"),
+        "response.refusal.delta": _Delta("content_index", False, "refusal"),
+        "response.reasoning_text.delta": _Delta("content_index", False, "reasoning_text"),
+        "response.reasoning_summary_text.delta": _Delta("summary_index", False, "reasoning_summary"),
+        "response.audio.transcript.delta": _Delta(None, False, "audio_transcript"),
+        "response.function_call_arguments.delta": _Delta(None, True, None),
+        "response.custom_tool_call_input.delta": _Delta(None, False, None),
+        "response.mcp_call_arguments.delta": _Delta(None, True, None),
+        "response.code_interpreter_call_code.delta": _Delta(None, False, None),
     }
     # Part ends: `*.part.done` carries item_id and the index of the part.
     PART_DONE: ClassVar[dict[str, str]] = {
         "response.content_part.done": "content_index",
         "response.reasoning_summary_part.done": "summary_index",
     }
+    # Part starts: the part's type → (its delta type, the field holding its text).
+    PART_TEXT: ClassVar[dict[str, tuple[str, str]]] = {
+        "output_text": ("response.output_text.delta", "text"),
+        "refusal": ("response.refusal.delta", "refusal"),
+        "reasoning_text": ("response.reasoning_text.delta", "text"),
+        "summary_text": ("response.reasoning_summary_text.delta", "text"),
+    }
+    PART_ADDED = frozenset({"response.content_part.added", "response.reasoning_summary_part.added"})
+    MEDIA_DELTAS = frozenset({"response.audio.delta"})
     TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed", "error"})
 
     def handle(self, event: SseEvent, data: Any) -> list[bytes]:
@@ -121,11 +183,33 @@ class ResponsesStream(ChannelStream):
                 return self._plain(event, data)
             key = (etype, data.get("item_id"), data.get(spec.index_field) if spec.index_field else None)
             site = Site(key, data, "delta", text, "")
-            site.out = self._feed(key, event, data, data, text, json_escaped=spec.json_escaped)
+            site.out = self._feed(
+                key, event, data, data, text, json_escaped=spec.json_escaped, gate_key=_gate_key(key, spec)
+            )
             if not site.out:
                 return self._held(data, [site])  # all of it is held back
             return self._plain(event, data, apply_sites([site]), [site])
-        return self._flush_where(self._ended_by(etype, data)) + self._plain(event, data)
+        if etype in self.MEDIA_DELTAS and isinstance(data.get("delta"), str):
+            return self._plain(event, data, fed=[Site((etype,), data, "delta", data["delta"], data["delta"])])
+        seeds = self._part_seed(data) if etype in self.PART_ADDED else []
+        return self._flush_where(self._ended_by(etype, data)) + self._plain(event, data, fed=seeds)
+
+    def _part_seed(self, data: dict[str, Any]) -> list[Site]:
+        """A part's first text, carried by its `*.part.added` event: the start of its channel."""
+        part = data.get("part")
+        kind = part.get("type") if isinstance(part, dict) else None
+        if not isinstance(kind, str) or kind not in self.PART_TEXT:
+            return []
+        assert isinstance(part, dict)
+        delta_type, field = self.PART_TEXT[kind]
+        text = part.get(field)
+        if not isinstance(text, str) or not text:
+            return []
+        spec = self.DELTAS[delta_type]
+        index = data.get(spec.index_field) if spec.index_field else None
+        key: ChannelKey = (delta_type, data.get("item_id"), index)
+        self._gate_feed(_gate_key(key, spec), text, text_key=key)
+        return [Site(key, part, field, text, text)]
 
     def _ended_by(self, etype: str, data: dict[str, Any]) -> Callable[[ChannelKey], bool]:
         item_id = data.get("item_id")
@@ -142,6 +226,8 @@ class ResponsesStream(ChannelStream):
             done_id = item.get("id") if isinstance(item, dict) else None
             return lambda key: key[1] == done_id
         if etype in self.TERMINAL:
+            if self._gate is not None:
+                self._gate.finish_windows()  # the response is over: every joined text too
             return lambda key: True
         return lambda key: False
 
@@ -156,6 +242,10 @@ class ResponsesStream(ChannelStream):
         if isinstance(data.get("logprobs"), list):
             data["logprobs"] = []
         return data
+
+
+def _gate_key(key: ChannelKey, spec: _Delta) -> ChannelKey:
+    return ("responses", spec.joined) if spec.joined is not None else key
 
 
 def error_event(refusal: Refusal) -> bytes:

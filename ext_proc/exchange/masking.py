@@ -1,9 +1,11 @@
 """The media policy of a request that declares subjects, and its images masked by OCR.
 
 The stricter of the tenant's `subjectMedia` and the header's `media` applies to every media part
-the dialect finds: `block` refuses (422 `media`); `mask` needs each part to be an image whose
-bytes are in the body, in a script the OCR can read, and hands them to the worker's OCR pool (off
-the event loop, within its budget) before the body is redacted and checked; `allow` forwards.
+the dialect finds (images, audio, video, files, embeddings, and references to files, containers
+and vector stores): `block` refuses (422 `media`); `mask` needs each part to be an image whose
+bytes are in the body (real image bytes), in a script the OCR can read, and hands them to the
+worker's OCR pool (off the event loop, within its budget) before the body is redacted and
+checked; `allow` forwards.
 """
 
 from __future__ import annotations
@@ -45,8 +47,15 @@ def media_policy(parts: list[MediaPart], context: RequestContext, pool: OcrPool 
         raise Refusal(422, "media", "media masking by OCR is not configured; the request was refused")
     for part in parts:
         if part.media != "image":
+            article = "an" if part.media[0] in "aeiou" else "a"
             raise Refusal(
-                422, "media", f"a {part.media} part cannot be masked (only images can be read); media: mask"
+                422,
+                "media",
+                f"{article} {part.media} part cannot be masked (only images can be read); media: mask",
+            )
+        if part.payload is not None and not part.is_bytes:
+            raise Refusal(
+                422, "media", "an image could not be decoded (its payload is no image); media: mask"
             )
         if not part.is_bytes:
             raise Refusal(
@@ -67,7 +76,7 @@ def media_policy(parts: list[MediaPart], context: RequestContext, pool: OcrPool 
 
 def _declared_type(part: MediaPart) -> str | None:
     """The media type a base64 part declares beside it (Anthropic `media_type`), if any."""
-    value: Any = part.container.get("media_type")
+    value: Any = part.container.get("media_type") if isinstance(part.container, dict) else None
     return value.strip().lower() if isinstance(value, str) else None
 
 

@@ -1,2 +1,1 @@
-"""Media: the parts of a body that carry images, audio or files, and masking images by OCR.
-"""
+"""Media: the parts of a body that carry images, audio or files, and masking images by OCR."""

@@ -8,12 +8,14 @@ still there, in the bytes that would leave. It re-parses the final body itself a
 - number literals inside strings, expanded the same way (`"4.045550187e9"`);
 - JSON carried inside strings (tool-call `arguments`), parsed and read at any depth up to the
   limit, in addition to the string's own text.
-It skips only media payload bytes at their schema positions (the dialect's, ext_proc.dialects),
-which the media policy judges. It runs whatever the tenant redacts: system prompts under
-`redactSystem: false`, metadata, tool definitions and object keys are all read.
+It skips only real media bytes at their schema positions (the dialect's, ext_proc.dialects),
+which the media policy judges; a payload there that decodes to text is read as that text too. It
+runs whatever the tenant redacts: system prompts under `redactSystem: false`, metadata, tool
+definitions and object keys are all read.
 
-Matching (separator-blind, case- and accent-insensitive, word/number-bounded) belongs to the
-compiled subjects; this module is the traversal.
+Matching (separator-blind, case- and accent-insensitive, word/number-bounded, over each string's
+canonical view and its decoded views: ext_proc.detect.canonical, ext_proc.detect.decode) belongs
+to the compiled subjects; this module is the traversal.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any, Protocol
 
 import regex
 
+from ext_proc.detect.canonical import canonical_text
 from ext_proc.detect.memo import MEMO
 from ext_proc.dialects import Dialect
 from ext_proc.errors import DetectionError
@@ -90,8 +93,13 @@ def neutralise_own_markers(text: str, nonce: str) -> str:
     return own_markers(nonce).sub(" ", text, timeout=REGEX_TIMEOUT)
 
 
+# A media position: None when its payload is real media (not read), else the text its base64
+# payload decodes to (read as well as the string itself).
+MediaPositions = dict[tuple[int, object], str | None]
+
+
 class _Reader:
-    def __init__(self, finder: SurvivorFinder, media: set[tuple[int, object]], nonce: str | None) -> None:
+    def __init__(self, finder: SurvivorFinder, media: MediaPositions, nonce: str | None) -> None:
         self.finder = finder
         self.media = media
         self.nonce = nonce
@@ -111,7 +119,9 @@ class _Reader:
         hit = self.finder.first_survivor(text)
         if hit is not None:
             return hit
-        for expanded in _expand_literals(text):
+        # Literals are read in the canonical view (`４.０４５５５５０１８７ｅ９` is one too); an ASCII
+        # literal reads the same in it.
+        for expanded in _expand_literals(text if text.isascii() else canonical_text(text)):
             hit = self.finder.first_survivor(expanded)
             if hit is not None:
                 return hit
@@ -140,18 +150,27 @@ class _Reader:
                 hit = self.text(key, depth)
                 if hit is not None:
                     return hit
-                if (ident, key) in self.media:
-                    continue
-                hit = self.value(item, depth + 1)
+                hit = self._member((ident, key), item, depth)
                 if hit is not None:
                     return hit
             return None
         if isinstance(value, list):
-            for item in value:
-                hit = self.value(item, depth + 1)
+            ident = id(value)
+            for index, item in enumerate(value):
+                hit = self._member((ident, index), item, depth)
                 if hit is not None:
                     return hit
         return None
+
+    def _member(self, position: tuple[int, object], item: Any, depth: int) -> str | None:
+        if position in self.media:
+            decoded = self.media[position]
+            if decoded is None:
+                return None  # real media bytes: judged by the media policy
+            hit = self.text(decoded, depth + 1)
+            if hit is not None:
+                return hit
+        return self.value(item, depth + 1)
 
 
 def check_body(
@@ -174,11 +193,14 @@ def check_body(
         doc = _parse(text)
     except ValueError:
         # Not JSON (cannot happen for a body the pipeline forwards, but never pass unread bytes).
-        hit = _Reader(finder, set(), nonce).text(text, 0)
+        hit = _Reader(finder, {}, nonce).text(text, 0)
         return EgressHit(hit) if hit else None
-    media: set[tuple[int, object]] = {
-        (id(part.container), part.key) for part in dialect.media(doc) if part.is_bytes
-    }
+    media: MediaPositions = {}
+    for part in dialect.media(doc):
+        if part.is_bytes:
+            media[(id(part.container), part.key)] = None
+        elif (decoded := part.encoded_text) is not None:
+            media[(id(part.container), part.key)] = decoded
     try:
         hit = _Reader(finder, media, nonce).value(doc, 0)
     except TimeoutError:

@@ -10,7 +10,8 @@ surrogates. Each of those patterns is built here, from the one set of parts belo
 - per-request placeholder `<{LABEL}_{nonce}_{index}>`: `nonce` is NONCE_HEX_CHARS lowercase hex,
   random per request; `index` (from 1) counts the distinct originals under the label;
 - consistent pseudonym `<{LABEL}_{digest}>`: `digest` is PSEUDONYM_HEX_CHARS lowercase hex;
-- strip marker `[{LABEL}]`: written where nothing is to be restored.
+- strip marker `[{LABEL}]`: written where nothing is to be restored; `[{LABEL}_{n}]` (n from 2)
+  where two object keys would otherwise become one.
 
 A label is a catalog kind (`EMAIL`, `CREDIT_CARD`) or a declared subject's (`SUBJECT1_NAME`, and
 `SUBJECT_NAME` for consistent pseudonyms).
@@ -40,8 +41,9 @@ _PSEUDONYM_LABEL_SET = frozenset(PSEUDONYM_LABELS)
 # A placeholder's label as read back: capitals, digits and underscores, starting with a capital.
 _LABEL = r"[A-Z][A-Z0-9_]*"
 # A strip marker has no nonce to tell it from text a caller wrote, so only a kind, with the
-# position of its subject, is one.
-_STRIP_LABEL = r"(?:SUBJECT[0-9]+_)?[A-Z][A-Z_]*"
+# position of its subject (and the number that keeps two redacted object keys apart), is one.
+_STRIP_KIND = r"(?:SUBJECT[0-9]+_)?[A-Z][A-Z_]*?"
+_STRIP_LABEL = _STRIP_KIND + r"(?:_[0-9]+)?"
 _NONCE = rf"[0-9a-f]{{{NONCE_HEX_CHARS}}}"
 _DIGEST = rf"[0-9a-f]{{{PSEUDONYM_HEX_CHARS}}}"
 _INDEX = r"[0-9]+"
@@ -57,9 +59,19 @@ def format_pseudonym(label: str, digest: str) -> str:
     return f"{_OPEN}{label}_{digest}{_CLOSE}"
 
 
-def strip_marker(label: str) -> str:
-    """What `strip` mode writes instead of a reversible placeholder."""
-    return f"[{label}]"
+def strip_marker(label: str, number: int = 1) -> str:
+    """What `strip` mode writes instead of a reversible placeholder (`number` > 1: the marker of
+    an object key that would otherwise collide with another)."""
+    return f"[{label}]" if number == 1 else f"[{label}_{number}]"
+
+
+_STRIP_MARKER = regex.compile(rf"\[(?P<kind>{_STRIP_KIND})(?:_[0-9]+)?\]")
+
+
+def number_strip_markers(text: str, number: int) -> str | None:
+    """`text` with each strip marker in it numbered `number`; None when it holds none."""
+    numbered, count = _STRIP_MARKER.subn(lambda m: strip_marker(m.group("kind"), number), text)
+    return numbered if count else None
 
 
 # --- canonical forms: the map keys, exactly as written -------------------------------------------

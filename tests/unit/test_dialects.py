@@ -90,8 +90,12 @@ def test_every_upstream_route_is_classified() -> None:
 # --- media discovery ------------------------------------------------------------------------------
 
 B64 = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAAB"
+WAV = "UklGRiQAAABXQVZFZm10IBAAAAABAAEA"  # the start of a WAV file (RIFF, WAVE, fmt)
+MP4 = "AAAAGGZ0eXBtcDQyAAAAAG1wNDJpc29t"  # the start of an MP4 file (ftyp box)
+MP3 = "SUQzBAAAAAAAAA=="  # an ID3 header
+NPY = "k05VTVBZAQB2AHsnZGVzY3InOiAnPGY0Jw=="  # the start of a NumPy array file
 DATA_URL = "data:image/png;base64," + B64
-PDF_DATA_URL = "data:application/pdf;base64,JVBERi0xLjQK"
+PDF_DATA_URL = "data:application/pdf;base64,JVBERi0xLjcKJeLjz9MK"  # a PDF header and its binary comment line
 URL = "https://example.com/cat.png"
 FILE_ID = "file-abc123"
 
@@ -168,8 +172,8 @@ MEDIA_CASES: dict[str, tuple[str, dict[str, Any], list[Expect]]] = {
     ),
     "chat-input-audio": (
         "chat",
-        chat({"type": "input_audio", "input_audio": {"data": B64, "format": "wav"}}),
-        [Expect("audio", "base64", (*MSG0, 0, "input_audio"), "data", B64)],
+        chat({"type": "input_audio", "input_audio": {"data": WAV, "format": "wav"}}),
+        [Expect("audio", "base64", (*MSG0, 0, "input_audio"), "data", WAV)],
     ),
     "chat-file-data-url": (
         "chat",
@@ -202,14 +206,90 @@ MEDIA_CASES: dict[str, tuple[str, dict[str, Any], list[Expect]]] = {
         chat(
             {"type": "image_url", "image_url": {"url": URL}},
             TEXT,
-            {"type": "input_audio", "input_audio": {"data": B64, "format": "mp3"}},
+            {"type": "input_audio", "input_audio": {"data": WAV, "format": "mp3"}},
         ),
         [
             Expect("image", "url", (*MSG0, 0, "image_url"), "url", URL),
-            Expect("audio", "base64", (*MSG0, 2, "input_audio"), "data", B64),
+            Expect("audio", "base64", (*MSG0, 2, "input_audio"), "data", WAV),
         ],
     ),
+    # Parts of OpenAI-compatible servers (vLLM, SGLang, Mistral)
+    "chat-video-url-data-url": (
+        "chat",
+        chat({"type": "video_url", "video_url": {"url": "data:video/mp4;base64," + MP4}}),
+        [Expect("video", "data_url", (*MSG0, 0, "video_url"), "url", "data:video/mp4;base64," + MP4)],
+    ),
+    "chat-audio-url-data-url": (
+        "chat",
+        chat({"type": "audio_url", "audio_url": {"url": "data:audio/mpeg;base64," + MP3}}),
+        [Expect("audio", "data_url", (*MSG0, 0, "audio_url"), "url", "data:audio/mpeg;base64," + MP3)],
+    ),
+    "chat-video-url-url": (
+        "chat",
+        chat({"type": "video_url", "video_url": {"url": "https://example.com/a.mp4"}}),
+        [Expect("video", "url", (*MSG0, 0, "video_url"), "url", "https://example.com/a.mp4")],
+    ),
+    "chat-image-embeds": (
+        "chat",
+        chat({"type": "image_embeds", "image_embeds": NPY}),
+        [Expect("embedding", "base64", (*MSG0, 0), "image_embeds", NPY)],
+    ),
+    "chat-image-embeds-dict": (
+        "chat",
+        chat({"type": "image_embeds", "image_embeds": {"image_embeds": NPY, "image_grid_thw": NPY}}),
+        [
+            Expect("embedding", "base64", (*MSG0, 0, "image_embeds"), "image_embeds", NPY),
+            Expect("embedding", "base64", (*MSG0, 0, "image_embeds"), "image_grid_thw", NPY),
+        ],
+    ),
+    "chat-document-url": (
+        "chat",
+        chat({"type": "document_url", "document_url": "https://example.com/a.pdf"}),
+        [Expect("file", "url", (*MSG0, 0), "document_url", "https://example.com/a.pdf")],
+    ),
+    "chat-input-audio-string": (
+        "chat",
+        chat({"type": "input_audio", "input_audio": WAV}),
+        [Expect("audio", "base64", (*MSG0, 0), "input_audio", WAV)],
+    ),
     # OpenAI Responses
+    "responses-instructions-list-image": (
+        "responses",
+        {
+            "model": "gpt-4.1",
+            "input": "hi",
+            "instructions": [user_message(INPUT_TEXT, {"type": "input_image", "image_url": DATA_URL})],
+        },
+        [Expect("image", "data_url", ("instructions", 0, "content", 1), "image_url", DATA_URL)],
+    ),
+    "responses-code-interpreter-files": (
+        "responses",
+        {
+            "model": "gpt-4.1",
+            "input": "hi",
+            "tools": [{"type": "code_interpreter", "container": {"type": "auto", "file_ids": [FILE_ID]}}],
+        },
+        [Expect("file", "reference", ("tools", 0, "container", "file_ids"), 0, FILE_ID)],
+    ),
+    "responses-code-interpreter-container-id": (
+        "responses",
+        {"model": "gpt-4.1", "input": "hi", "tools": [{"type": "code_interpreter", "container": "cntr_1"}]},
+        [Expect("file", "reference", ("tools", 0), "container", "cntr_1")],
+    ),
+    "responses-file-search-vector-stores": (
+        "responses",
+        {"model": "gpt-4.1", "input": "hi", "tools": [{"type": "file_search", "vector_store_ids": ["vs_1"]}]},
+        [Expect("file", "reference", ("tools", 0, "vector_store_ids"), 0, "vs_1")],
+    ),
+    "responses-image-generation-mask": (
+        "responses",
+        {
+            "model": "gpt-4.1",
+            "input": "hi",
+            "tools": [{"type": "image_generation", "input_image_mask": {"image_url": DATA_URL}}],
+        },
+        [Expect("image", "data_url", ("tools", 0, "input_image_mask"), "image_url", DATA_URL)],
+    ),
     "responses-input-image-data-url": (
         "responses",
         responses(user_message(INPUT_TEXT, {"type": "input_image", "image_url": DATA_URL, "detail": "auto"})),
@@ -247,8 +327,8 @@ MEDIA_CASES: dict[str, tuple[str, dict[str, Any], list[Expect]]] = {
     ),
     "responses-input-audio": (
         "responses",
-        responses(user_message({"type": "input_audio", "input_audio": {"data": B64, "format": "wav"}})),
-        [Expect("audio", "base64", (*IN0, 0, "input_audio"), "data", B64)],
+        responses(user_message({"type": "input_audio", "input_audio": {"data": WAV, "format": "wav"}})),
+        [Expect("audio", "base64", (*IN0, 0, "input_audio"), "data", WAV)],
     ),
     "responses-function-call-output-parts": (
         "responses",
@@ -302,8 +382,13 @@ MEDIA_CASES: dict[str, tuple[str, dict[str, Any], list[Expect]]] = {
     ),
     "anthropic-document-base64": (
         "messages",
-        messages(block("document", {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="})),
-        [Expect("document", "base64", (*MSG0, 0, "source"), "data", "JVBERi0=")],
+        messages(
+            block(
+                "document",
+                {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0xLjcKJeLjz9MK"},
+            )
+        ),
+        [Expect("document", "base64", (*MSG0, 0, "source"), "data", "JVBERi0xLjcKJeLjz9MK")],
     ),
     "anthropic-document-url": (
         "messages",
@@ -351,6 +436,35 @@ MEDIA_CASES: dict[str, tuple[str, dict[str, Any], list[Expect]]] = {
         "messages",
         messages(block("document", {"type": "text", "media_type": "text/plain", "data": "plain words"})),
         [Expect("document", "text", (*MSG0, 0, "source"), "data", "plain words")],
+    ),
+    "anthropic-system-block": (  # the system list takes text only, but an image there is judged too
+        "messages",
+        {**messages(TEXT), "system": [ANTHROPIC_IMAGE]},
+        [Expect("image", "base64", ("system", 0, "source"), "data", B64)],
+    ),
+    "anthropic-search-result-image": (
+        "messages",
+        messages({"type": "search_result", "source": URL, "title": "t", "content": [TEXT, ANTHROPIC_IMAGE]}),
+        [Expect("image", "base64", (*MSG0, 0, "content", 1, "source"), "data", B64)],
+    ),
+    "anthropic-container": (
+        "messages",
+        {**messages(TEXT), "container": "container_1"},
+        [Expect("file", "reference", (), "container", "container_1")],
+    ),
+    "anthropic-code-execution-output-file": (
+        "messages",
+        messages(
+            {
+                "type": "bash_code_execution_tool_result",
+                "tool_use_id": "srvtoolu_1",
+                "content": {
+                    "type": "bash_code_execution_result",
+                    "content": [{"type": "bash_code_execution_output", "file_id": FILE_ID}],
+                },
+            }
+        ),
+        [Expect("file", "file_id", (*MSG0, 0, "content", "content", 0), "file_id", FILE_ID)],
     ),
     "anthropic-tool-result-image": (
         "messages",
@@ -499,7 +613,6 @@ NOT_MEDIA_CASES: dict[str, tuple[str, dict[str, Any]]] = {
         {**messages(TEXT), "metadata": {"user_id": "u1", "result": ANTHROPIC_IMAGE}},
     ),
     "anthropic-top-level": ("messages", {**ANTHROPIC_IMAGE, "messages": []}),
-    "anthropic-system-block": ("messages", {**messages(TEXT), "system": [ANTHROPIC_IMAGE]}),
     "anthropic-openai-shaped-part": (
         "messages",
         messages({"type": "image_url", "image_url": {"url": DATA_URL}}),

@@ -7,6 +7,7 @@ how renderings match (tests/unit/test_subjects.py does that).
 
 from __future__ import annotations
 
+import base64
 import json
 from decimal import Decimal
 
@@ -73,10 +74,23 @@ def test_clean_bodies_pass(raw: str) -> None:
     assert check(None, raw=raw) is None
 
 
+# The start of a real PNG (signature and IHDR chunk), as base64.
+PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAAB"
+
+
 def test_media_payload_at_a_schema_position_is_skipped() -> None:
-    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": NEEDLE}}
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}}
     doc = {"messages": [{"role": "user", "content": [image]}]}
     assert check(doc, "messages") is None
+
+
+def test_text_at_a_media_position_is_read() -> None:
+    """Only real media is skipped: digits, prose or base64 of text at a media position are read."""
+    encoded = base64.b64encode(f"call {NEEDLE}".encode()).decode()
+    for data in (NEEDLE, f"call {NEEDLE}", encoded):
+        image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}
+        doc = {"messages": [{"role": "user", "content": [image]}]}
+        assert check(doc, "messages") == EgressHit("SUBJECT1_PHONE")
 
 
 def test_media_shaped_object_in_a_tool_input_is_text() -> None:
@@ -87,7 +101,7 @@ def test_media_shaped_object_in_a_tool_input_is_text() -> None:
 
 
 def test_chat_image_data_url_is_skipped_but_its_detail_key_is_read() -> None:
-    part = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + NEEDLE, "detail": NEEDLE}}
+    part = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + PNG, "detail": NEEDLE}}
     doc = {"messages": [{"role": "user", "content": [part]}]}
     assert check(doc, "chat") == EgressHit("SUBJECT1_PHONE")
     del part["image_url"]["detail"]

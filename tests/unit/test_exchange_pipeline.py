@@ -21,7 +21,10 @@ from tests.support.fakes import chat
 
 CHAT = DIALECTS["chat"]
 EMAIL = SAMPLES["EMAIL"]
-IMAGE: dict[str, Any] = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+IMAGE: dict[str, Any] = {
+    "type": "image_url",
+    "image_url": {"url": "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAAB"},
+}
 
 
 def subjects() -> CompiledSubjects:

@@ -30,7 +30,7 @@ def mark(text: str) -> str:
 def walk(doc: Any, dialect: str = "generic", *, redact_system: bool = True) -> tuple[Any, list[str]]:
     seen: list[str] = []
 
-    def visit(text: str) -> str:
+    def visit(text: str, _path: object) -> str:
         seen.append(text)
         return mark(text)
 
@@ -95,7 +95,7 @@ def test_walk_never_forwards_a_string_it_did_not_read_many(doc: dict[str, Any]) 
 @settings(max_examples=200)
 @given(doc=json_values)
 def test_walk_with_identity_visit_is_the_identity(doc: Any) -> None:
-    walker = LeafWalker(lambda s: s, media_positions=set(), system_positions=set())
+    walker = LeafWalker(lambda s, _p: s, media_positions=set(), system_positions=set())
     assert walker.walk(doc) == doc
     assert walker.stats.changed is False
 
@@ -141,7 +141,7 @@ def test_tool_arguments_json_is_walked_as_json() -> None:
 
 def test_unchanged_json_inside_a_string_keeps_its_exact_text() -> None:
     args = '{ "a" :  1 }'
-    walker = LeafWalker(lambda s: s, media_positions=set(), system_positions=set())
+    walker = LeafWalker(lambda s, _p: s, media_positions=set(), system_positions=set())
     assert walker.walk({"arguments": args}) == {"arguments": args}
 
 
@@ -152,13 +152,17 @@ def test_large_numbers_are_read_small_ones_are_not() -> None:
     assert out[mark("n")] == mark("4111111111111111")
 
 
+# A data: URL of a real PNG's first bytes (signature and IHDR chunk).
+PNG_URL = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAAB"
+
+
 def test_chat_media_payload_is_skipped_but_a_url_is_read() -> None:
     doc = {
         "messages": [
             {
                 "role": "user",
                 "content": [
-                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                    {"type": "image_url", "image_url": {"url": PNG_URL}},
                     {"type": "image_url", "image_url": {"url": "https://example.com/x.png"}},
                     {"type": "text", "text": "look"},
                 ],
@@ -167,7 +171,7 @@ def test_chat_media_payload_is_skipped_but_a_url_is_read() -> None:
     }
     out, _ = walk(doc, "chat")
     parts = out[mark("messages")][0][mark("content")]
-    assert parts[0][mark("image_url")]["url"] == "data:image/png;base64,AAAA"
+    assert parts[0][mark("image_url")]["url"] == PNG_URL
     assert parts[1][mark("image_url")][mark("url")] == mark("https://example.com/x.png")
     assert parts[2][mark("text")] == mark("look")
 
