@@ -1,10 +1,13 @@
 """The request-headers phase: which tenant, route and subjects an exchange has, or why not.
 
-In order: the key's tenant (each selecting header sent once; two keys must agree), `X-Tenant`
-when trusted (only towards a tenant at least as strict), `X-Redact-Mode` when allowed (only
-tighter), the placeholder grammar, the route Envoy chose and whether the tenant may reach its
-upstream, then the declared subjects: parsed and compiled, and looked for in the path and the
-other headers (they leave too). The result says whether the body must be read.
+In order: the header names (no look-alike of the filter's own, no key header it does not read),
+the key's tenant (each selecting header sent once, each credential readable; two keys must agree),
+`X-Tenant` when trusted (only towards a tenant at least as strict), `X-Redact-Mode` when allowed
+(only tighter), the placeholder grammar, the route Envoy chose and whether the tenant may reach its
+upstream. Then what leaves outside the body: the declared subjects parsed and compiled, the header
+values and the query read and rewritten like body strings (exchange.envelope), and, for a request
+that declares subjects, the egress check over the path and every header. Under `reportOnly` a
+refusal from there on is recorded, not made. The result says whether the body must be read.
 """
 
 from __future__ import annotations
@@ -16,18 +19,22 @@ from dataclasses import dataclass, replace
 from ext_proc.detect.subjects.header import SubjectHeader, SubjectHeaderError, parse_subject_header
 from ext_proc.detect.subjects.matcher import CompiledSubjects, compile_subjects
 from ext_proc.dialects import RouteInfo, classify
-from ext_proc.errors import Refusal, Stage, describe
+from ext_proc.errors import DetectionError, Refusal, describe
 from ext_proc.exchange.context import Placeholders, RequestContext, uses_surrogates
+from ext_proc.exchange.envelope import Envelope, rewritten, survivor
 from ext_proc.exchange.headers import (
     MODE_HEADER,
     SUBJECT_HEADER,
     TENANT_HEADER,
-    UNREAD_HEADERS,
+    HeaderError,
     Headers,
     api_keys,
+    check_names,
     sent_twice,
 )
-from ext_proc.exchange.refusals import refusal_for
+from ext_proc.exchange.record import ExchangeRecord
+from ext_proc.exchange.refusals import FAIL_CLOSED, refusal_for
+from ext_proc.exchange.request import guarded
 from ext_proc.exchange.runtime import Runtime
 from ext_proc.policy.model import MODE_STRICTNESS, MODES, Policy, PolicySet
 from ext_proc.policy.strictness import less_strict_knobs
@@ -39,8 +46,10 @@ log = logging.getLogger("cordon.exchange")
 @dataclass(frozen=True, slots=True)
 class Admitted:
     context: RequestContext
-    read_body: bool  # False: forwarded as it is (nothing to redact, or report-only)
-    stage: Stage | None = None  # report-only: the refusal it would have made
+    read_body: bool  # False: forwarded without reading the body (nothing to redact, or reported)
+    set_headers: tuple[tuple[str, str], ...] = ()  # header values (and `:path`) rewritten
+    removed: tuple[str, ...] = ()  # headers dropped (their name holds a value)
+    reported: Refusal | None = None  # reportOnly: the refusal enforcement would have made here
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,18 +69,18 @@ class _Refused(Exception):
         self.outcome = Turned(refusal, policy, route, ref)
 
 
-def admit(runtime: Runtime, headers: Headers) -> Admitted | Turned:
-    """The request's context, or the refusal (with the policy and route chosen before it)."""
+def admit(runtime: Runtime, headers: Headers, record: ExchangeRecord) -> Admitted | Turned:
+    """The request's context, or the refusal (with the policy and route chosen before it).
+    `record` gains the counts of what was replaced in the headers and query (or a gap)."""
     try:
-        return _admit(runtime, headers)
+        return _admit(runtime, headers, record)
     except _Refused as refused:
         return refused.outcome
 
 
-def _admit(runtime: Runtime, headers: Headers) -> Admitted:
+def _admit(runtime: Runtime, headers: Headers, record: ExchangeRecord) -> Admitted:
     policy = _chosen(runtime, headers)
     route: RouteInfo | None = None
-    header: SubjectHeader | None = None
     try:
         placeholders = _placeholders(runtime, policy)
         route = classify(headers.route_name, headers.path)
@@ -79,37 +88,48 @@ def _admit(runtime: Runtime, headers: Headers) -> Admitted:
             raise Refusal(404, "routing", "no upstream is configured for this path", code="not_found")
         if route.provider.name not in policy.upstreams:
             raise Refusal(403, "policy", f"this tenant may not reach the {route.provider.name} upstream")
-        context = RequestContext(policy, route, placeholders)
+    except Refusal as refusal:
+        raise _Refused(refusal, policy, route) from None
+    context = RequestContext(policy, route, placeholders)
+    envelope = Envelope((), headers.values)
+    try:
         raw_subject = headers.get(SUBJECT_HEADER)
         if raw_subject is not None:
             header = _parsed(raw_subject)
-            subjects = _compiled(header)
-            context = replace(context, header=header, subjects=subjects)
+            context = replace(context, header=header)
+            context = replace(context, subjects=_compiled(header))
             _check_policy_takes_subjects(policy)
-            _check_path_and_headers(subjects, headers)
         elif policy.require_subject:
             raise Refusal(
                 400, "request", "this tenant requires an X-Cordon-Subject header", code="subject_required"
             )
+        if policy.mode != "off":
+            envelope = _envelope(context, headers, record)
+        if context.subjects is not None:
+            _check_envelope(context, envelope)
+        _check_encoding(headers)
     except Refusal as refusal:
-        raise _Refused(refusal, policy, route, header.ref if header is not None else None) from None
-    encoding = (headers.get("content-encoding") or "identity").strip().lower()
-    if encoding != "identity" and not headers.end_of_stream:
-        compressed = Refusal(
-            415, "request", "compressed request bodies cannot be read; send them uncompressed"
-        )
         if not policy.report_only:
-            raise _Refused(compressed, policy, route)
-        return Admitted(context, read_body=False, stage=compressed.stage)  # recorded, forwarded as it is
+            ref = context.header.ref if context.header is not None else None
+            raise _Refused(refusal, policy, route, ref) from None
+        # reportOnly: recorded, and forwarded as it is (its body unread: enforcement stops here).
+        return Admitted(context, read_body=False, reported=refusal)
     # Nothing to redact: forwarded as it is. (A subject request never gets here with mode off;
-    # without a body, its path and headers were checked above.)
-    return Admitted(context, read_body=not (policy.mode == "off" or headers.end_of_stream))
+    # without a body, its path and headers were checked above.) reportOnly rewrites nothing.
+    read_body = not (policy.mode == "off" or headers.end_of_stream)
+    if policy.report_only:
+        return Admitted(context, read_body)
+    return Admitted(context, read_body, envelope.set_headers, envelope.removed)
 
 
 def _chosen(runtime: Runtime, headers: Headers) -> Policy:
     """The key's tenant; then `X-Tenant` (when trusted, towards a tenant at least as strict);
     then `X-Redact-Mode` (when the tenant allows it, only tighter)."""
     policies = runtime.policies
+    try:
+        check_names(headers)
+    except HeaderError as exc:
+        raise _Refused(refusal_for(exc), policies.default) from None
     repeated = sent_twice(headers)
     if repeated:
         # Joined, two keys would select no tenant (so the default policy) while the provider
@@ -131,7 +151,13 @@ def _chosen(runtime: Runtime, headers: Headers) -> Policy:
 
 
 def _key_policy(policies: PolicySet, headers: Headers) -> Policy:
-    selected = [policies.for_api_key(key) for key in api_keys(headers)]
+    try:
+        keys = api_keys(headers)
+    except HeaderError as exc:
+        # Unreadable, it selects no tenant: the default policy would apply to a key that the
+        # provider may well accept, whatever its tenant's policy says.
+        raise _Refused(refusal_for(exc), policies.default) from None
+    selected = [policies.for_api_key(key) for key in keys]
     if len({policy.tenant for policy in selected}) > 1:
         # Which one the provider authenticates with is its business; which tenant's policy
         # applies is ours, and a junk token beside a real key must not pick the lenient one.
@@ -220,28 +246,36 @@ def _check_policy_takes_subjects(policy: Policy) -> None:
             "policy",
             "this tenant does not redact (mode: off); a request declaring subjects is refused",
         )
-    if policy.report_only:
+
+
+def _envelope(context: RequestContext, headers: Headers, record: ExchangeRecord) -> Envelope:
+    """The header values and query rewritten; a detection failure is handled like the body's."""
+    if context.subjects is not None:
+        return guarded(lambda: rewritten(context, headers, record.counts))
+    policy = context.policy
+    try:
+        return rewritten(context, headers, record.counts)
+    except DetectionError as exc:
+        if policy.fail_mode == "closed" and not policy.report_only:
+            message = f"detection failed on the request's headers ({exc}); failMode is closed"
+            raise refusal_for(exc, message, FAIL_CLOSED) from None
+        record.record_gap("detection", str(exc))
+        return Envelope((), headers.values)
+
+
+def _check_envelope(context: RequestContext, envelope: Envelope) -> None:
+    """The path and header values leave too: a declared identifier still readable in one (after
+    the rewrite) refuses the request. The path is also read percent-decoded: `mq%40example.com`."""
+    subjects = context.subjects
+    assert subjects is not None
+    found = guarded(lambda: survivor(subjects, envelope, context.placeholders.nonce))
+    if found is not None:
         raise Refusal(
-            422,
-            "policy",
-            "this tenant only reports (reportOnly: true) and would forward the body unchanged; "
-            "a request declaring subjects is refused",
+            422, "egress", f"a declared identifier ({found.label}) is {found.where}", kind=found.label
         )
 
 
-def _check_path_and_headers(subjects: CompiledSubjects, headers: Headers) -> None:
-    """The path and header values leave too: a declared identifier in one refuses the request.
-    (The path is also read percent-decoded: `mq%40example.com`.)"""
-    survivor = subjects.first_survivor(headers.path)
-    if survivor is not None:
-        raise Refusal(
-            422, "egress", f"a declared identifier ({survivor}) is in the request path", kind=survivor
-        )
-    for name, value in headers.values.items():
-        if name in UNREAD_HEADERS or name.startswith(":"):
-            continue
-        survivor = subjects.first_survivor(f"{name} {value}")
-        if survivor is not None:
-            raise Refusal(
-                422, "egress", f"a declared identifier ({survivor}) is in a request header", kind=survivor
-            )
+def _check_encoding(headers: Headers) -> None:
+    encoding = (headers.get("content-encoding") or "identity").strip().lower()
+    if encoding != "identity" and not headers.end_of_stream:
+        raise Refusal(415, "request", "compressed request bodies cannot be read; send them uncompressed")

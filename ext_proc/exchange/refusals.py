@@ -14,9 +14,11 @@ from dataclasses import dataclass
 from ext_proc.audit.receipts.chain import ReceiptError
 from ext_proc.detect.subjects.header import SubjectHeaderError
 from ext_proc.errors import CordonError, DetectionError, Refusal, Stage
+from ext_proc.exchange.headers import CredentialError, LookalikeHeader
+from ext_proc.exchange.runtime import BodyTooLarge
 from ext_proc.media.ocr import MaskError, OcrTimeout
 from ext_proc.storage.vault import SurrogateExhausted, VaultError
-from ext_proc.transform.walk import NestingTooDeep, NotJson
+from ext_proc.transform.walk import KeyCollision, NestingTooDeep, NotJson
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +31,11 @@ class Rule:
 
 RULES: dict[type[CordonError], Rule] = {
     NotJson: Rule(400, "request", "invalid_json"),
+    BodyTooLarge: Rule(413, "request", "request_too_large"),
+    CredentialError: Rule(400, "request", "invalid_credentials"),
+    LookalikeHeader: Rule(400, "request", "invalid_header"),
     NestingTooDeep: Rule(422, "detection", "nesting_too_deep"),
+    KeyCollision: Rule(422, "detection", "redacted_keys_collide"),
     SubjectHeaderError: Rule(400, "request", "invalid_subject_header", prefix="X-Cordon-Subject: "),
     DetectionError: Rule(422, "detection"),
     OcrTimeout: Rule(503, "media"),

@@ -58,13 +58,18 @@ def test_report_only_records_a_refusal_it_did_not_make(stack: RunningStack, upst
     assert record["decision"] == "reported" and record["stage"] == "request"
 
 
-def test_report_only_refuses_a_request_declaring_subjects(
+def test_report_only_forwards_a_request_declaring_subjects_with_its_verdict(
     stack: RunningStack, upstream: FakeUpstream
 ) -> None:
-    reply = post(stack, chat_body("Call Marisol Quintero-Vance."), {**auth("report"), **SUBJECT})
-    assert reply.status == 422 and reply.json()["error"]["stage"] == "policy"
-    assert upstream.received == []
-    assert record_for(stack, "report", reply.headers.get("x-cordon-receipt"))["decision"] == "refused"
+    """Measured before enforced: forwarded as it was, the receipt saying what enforcement would
+    have done (here: refused at the egress check, for the lower-case surname redaction leaves)."""
+    body = json.dumps(chat_body("Call Marisol Quintero-Vance, or quintero."), separators=(",", ":"))
+    reply = post(stack, body, {**auth("report"), **SUBJECT})
+    assert reply.status == 200
+    assert upstream.received[0].body == body.encode()  # byte for byte
+    record = record_for(stack, "report", reply.headers.get("x-cordon-receipt"))
+    assert (record["decision"], record["stage"], record["egress"]) == ("reported", "egress", "refused")
+    assert record["counts"] == {"SUBJECT1_NAME": 1}
 
 
 # --- sets and skipDocumentationIps ----------------------------------------------------------------
@@ -251,7 +256,8 @@ KNOB_TESTS: dict[str, list[tuple[str, str]]] = {
     "reportOnly": [
         ("e2e.test_knobs", "test_report_only_forwards_the_original_and_records_the_counts"),
         ("e2e.test_knobs", "test_report_only_records_a_refusal_it_did_not_make"),
-        ("e2e.test_knobs", "test_report_only_refuses_a_request_declaring_subjects"),
+        ("e2e.test_knobs", "test_report_only_forwards_a_request_declaring_subjects_with_its_verdict"),
+        ("e2e.test_edges", "test_report_only_forwards_a_subject_request_unchanged_with_its_verdict"),
     ],
     "allowHeaderOverride": [("e2e.test_knobs", "test_x_redact_mode_only_tightens")],
     "upstreams": [("e2e.test_http", "test_tenant_limited_to_openai_cannot_reach_anthropic")],

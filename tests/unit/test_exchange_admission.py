@@ -217,10 +217,26 @@ def test_a_compressed_request_body_under_report_only_is_released_with_the_stage(
     assert (receipt.decision, receipt.stage) == ("reported", "request")
 
 
-def test_subjects_under_report_only_are_refused() -> None:
+def test_subjects_under_report_only_are_read_and_forwarded() -> None:
+    """reportOnly measures a subject request: its body is read, nothing is refused or rewritten."""
     receipts = FakeReceipts()
-    answer = stream(receipts).request_headers(headers=[bearer("sk-watch"), ("x-cordon-subject", SUBJECT)])
-    assert_refused(answer, receipts, 422, "policy")
+    s = stream(receipts)
+    answer = s.request_headers(headers=[bearer("sk-watch"), ("x-cordon-subject", SUBJECT)])
+    assert answer.phase == "request_headers" and not answer.refused and answer.headers == {}
+    assert answer.request_body_mode is None  # the body is read, for the record
+    assert s.exchange.context is not None and s.exchange.context.subjects is not None
+
+
+def test_a_declared_identifier_in_the_path_under_report_only_is_recorded_not_refused() -> None:
+    receipts = FakeReceipts()
+    answer = stream(receipts).request_headers(
+        "/v1/files/A1234567", [bearer("sk-watch"), ("x-cordon-subject", SUBJECT)]
+    )
+    assert answer.phase == "request_headers" and not answer.refused
+    assert (answer.request_body_mode, answer.response_body_mode) == ("NONE", "NONE")
+    [receipt] = receipts.receipts
+    assert (receipt.decision, receipt.stage, receipt.egress) == ("reported", "egress", "refused")
+    assert receipt.ref_digest == hmac.new(SECRET, b"case-7", hashlib.sha256).hexdigest()
 
 
 # --- the route and the upstream ------------------------------------------------------------------
@@ -303,22 +319,35 @@ def test_subjects_under_mode_off_are_refused() -> None:
 
 
 @pytest.mark.parametrize(
-    ("path", "extra", "where"),
+    ("path", "extra", "where", "label"),
     [
-        ("/v1/chat/completions?user=mq%40example.com", [], "in the request path"),
-        ("/v1/chat/completions", [("x-caller", "Marisol Quintero-Vance")], "in a request header"),
+        ("/v1/files/A1234567/content", [], "in the request path", "SUBJECT1_ID"),
+        ("/v1/chat/completions", [("x-caller", "vance")], "in a request header", "SUBJECT1_NAME"),
+        (
+            "/v1/chat/completions",
+            [(":authority", "mqvance77.example")],
+            "in a request header",
+            "SUBJECT1_HANDLE",
+        ),
+        (
+            "/v1/chat/completions",
+            [("content-type", "application/json; owner=vance")],
+            "in a request header",
+            "SUBJECT1_NAME",
+        ),
     ],
-    ids=["path", "header"],
+    ids=["path-segment", "lower-case-name", "authority", "content-type"],
 )
-def test_a_declared_identifier_in_the_path_or_a_header_is_refused(
-    path: str, extra: list[tuple[str, str]], where: str
+def test_a_declared_identifier_redaction_cannot_take_outside_the_body_is_refused(
+    path: str, extra: list[tuple[str, str]], where: str, label: str
 ) -> None:
+    """What redaction does not rewrite (a path segment, `:authority`, framing, a lower-case name
+    that only the egress check reads) but that would leave is refused."""
     receipts = FakeReceipts()
-    s = stream(receipts)
-    answer = s.request_headers(path, [bearer("sk-acme"), ("x-cordon-subject", SUBJECT), *extra])
+    headers = [bearer("sk-acme"), ("x-cordon-subject", SUBJECT), *extra]
+    answer = stream(receipts).request_headers(path, headers)
     assert_refused(answer, receipts, 422, "egress")
     detail = error(answer)
-    label = "SUBJECT1_EMAIL" if where.endswith("path") else "SUBJECT1_NAME"
     assert detail["kind"] == label
     assert detail["message"] == f"a declared identifier ({label}) is {where}"
     assert receipts.receipts[0].egress == "refused"
@@ -328,11 +357,10 @@ def test_a_declared_identifier_in_the_path_or_a_header_is_refused(
     ("key", "path", "extra"),
     [
         ("sk-off", "/v1/chat/completions", []),
-        ("sk-watch", "/v1/chat/completions", []),
-        ("sk-acme", "/v1/chat/completions?user=mq%40example.com", []),
-        ("sk-acme", "/v1/chat/completions", [("x-caller", "Marisol Quintero-Vance")]),
+        ("sk-acme", "/v1/files/A1234567", []),
+        ("sk-acme", "/v1/chat/completions", [("x-caller", "vance")]),
     ],
-    ids=["mode-off", "report-only", "path", "header"],
+    ids=["mode-off", "path", "header"],
 )
 def test_a_refusal_after_the_subject_header_was_read_records_its_ref_digest(
     key: str, path: str, extra: list[tuple[str, str]]
@@ -342,6 +370,79 @@ def test_a_refusal_after_the_subject_header_was_read_records_its_ref_digest(
     assert answer.refused
     [receipt] = receipts.receipts
     assert receipt.ref_digest == hmac.new(SECRET, b"case-7", hashlib.sha256).hexdigest()
+
+
+# --- credentials and the filter's own header names ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["Bearer\tsk-acme", "Token sk-acme", "Basic c2stYWNtZTo=", "Bearer  sk-acme", "", "Bearer", "sk-acme"],
+    ids=["tab", "token-scheme", "basic", "two-spaces", "empty", "scheme-alone", "no-scheme"],
+)
+def test_an_authorization_header_that_cannot_be_read_is_refused_not_defaulted(value: str) -> None:
+    receipts = FakeReceipts()
+    answer = stream(receipts).request_headers(headers=[("authorization", value)])
+    assert_refused(answer, receipts, 400, "request")
+    detail = error(answer)
+    assert detail["code"] == "invalid_credentials"
+    assert "Authorization header" in str(detail["message"]) and "sk-acme" not in str(detail["message"])
+    assert receipts.receipts[0].tenant == "default"
+
+
+@pytest.mark.parametrize("value", ["", "sk acme"], ids=["empty", "space"])
+def test_an_x_api_key_that_cannot_be_read_is_refused(value: str) -> None:
+    receipts = FakeReceipts()
+    answer = stream(receipts).request_headers(headers=[("x-api-key", value)])
+    assert_refused(answer, receipts, 400, "request")
+    assert error(answer)["code"] == "invalid_credentials"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "api-key",
+        "x-goog-api-key",
+        "openai-api-key",
+        "anthropic-api-key",
+        "apikey",
+        "x-auth-token",
+        "x-access-token",
+        "ocp-apim-subscription-key",
+        "proxy-authorization",
+        "x-authorization",
+    ],
+)
+def test_a_key_header_the_proxy_does_not_read_is_refused_naming_it(name: str) -> None:
+    receipts = FakeReceipts()
+    answer = stream(receipts).request_headers(headers=[bearer("sk-acme"), (name, "sk-strict")])
+    assert_refused(answer, receipts, 400, "request")
+    detail = error(answer)
+    assert detail["code"] == "invalid_credentials"
+    assert str(detail["message"]).startswith(f"the {name} header carries a credential")
+    assert receipts.receipts[0].tenant == "default"
+
+
+@pytest.mark.parametrize(
+    "name", ["x_cordon_subject", "X_Tenant", "x-redact_mode", "x_api_key"], ids=lambda name: name
+)
+def test_a_look_alike_of_the_filters_own_headers_is_refused(name: str) -> None:
+    receipts = FakeReceipts()
+    answer = stream(receipts).request_headers(headers=[bearer("sk-acme"), (name, SUBJECT)])
+    assert_refused(answer, receipts, 400, "request")
+    detail = error(answer)
+    assert detail["code"] == "invalid_header"
+    assert detail["message"] == (
+        f"the {name.lower()} header is not read; write it as {name.lower().replace('_', '-')} (with hyphens)"
+    )
+
+
+def test_both_keys_of_one_tenant_are_read() -> None:
+    receipts = FakeReceipts()
+    headers = [bearer("sk-acme"), ("x-api-key", "sk-acme"), ("x-api-version", "2024-06-01")]
+    answer = stream(receipts).request_headers(headers=headers, method="GET", end_of_stream=True)
+    assert not answer.refused
+    assert receipts.receipts[0].tenant == "acme"
 
 
 # --- the admin API --------------------------------------------------------------------------------
