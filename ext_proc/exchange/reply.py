@@ -2,10 +2,12 @@
 
 At the reply's headers the exchange decides whether its body needs reading at all: restore where
 the request left redacted with placeholders, the output gate where the tenant has one, and only
-for bodies that can be read (uncompressed JSON or text, or an SSE stream). A `ReplyReader` then
-takes the body: buffered JSON in one piece, SSE chunk by chunk. Under `outputGate: deny` a reply
-that carries a catalog value is refused: JSON becomes the dialect's error, a stream ends with the
-dialect's error event and nothing more of it is sent.
+for bodies that can be read (uncompressed JSON or text, or an SSE stream). A reply the gate cannot
+read (compressed, or of a type it does not know) is refused at once under `outputGate: deny` and
+counted as `UNREAD` under `report`. A `ReplyReader` then takes the body: buffered JSON in one
+piece, SSE chunk by chunk. Under `outputGate: deny` a reply that carries a catalog value is
+refused: JSON becomes the dialect's error, a stream ends with the dialect's error event and
+nothing more of it is sent (what the gate has not decided yet never left: ext_proc.restore.sse).
 """
 
 from __future__ import annotations
@@ -59,10 +61,10 @@ def open_reply(
     context: RequestContext | None, record: ExchangeRecord, surrogates: dict[str, str], headers: Headers
 ) -> tuple[pb.ProcessingResponse, ReplyReader | None]:
     """The answer to the reply's headers, and the reader of its body (None: not read)."""
-    content_type = (headers.get("content-type") or "").lower()
-    encoding = (headers.get("content-encoding") or "identity").lower()
+    content_type = (headers.get("content-type") or "").strip().lower()
+    encoding = (headers.get("content-encoding") or "identity").strip().lower()
     receipt = receipt_headers(record)
-    if context is not None and encoding == "identity":
+    if context is not None:
         policy, pmap = context.policy, context.placeholders
         needs_restore = (
             context.restores
@@ -72,7 +74,8 @@ def open_reply(
         )
         gated = policy.output_gate != "off"
         streamed = content_type.startswith("text/event-stream")
-        if (needs_restore or gated) and (streamed or content_type.startswith(TEXT_TYPES)):
+        readable = encoding in ("identity", "") and (streamed or _reads_as_text(content_type))
+        if (needs_restore or gated) and readable:
             if policy.mode == "surrogate":
                 # Its gate reads this request's surrogates as separators, restored or not.
                 restorer: Restorer = SurrogateRestorer(surrogates, pmap.nonce)
@@ -91,8 +94,43 @@ def open_reply(
                     set_headers=receipt, mode=wire.body_modes(wire.NONE, wire.BUFFERED)
                 )
             return answer, reader
+        if gated and _has_body(headers):
+            return _unread(context, record, receipt)
     record.finish()
     return wire.response_headers(set_headers=receipt, mode=wire.body_modes(wire.NONE, wire.NONE)), None
+
+
+def _reads_as_text(content_type: str) -> bool:
+    """JSON and text the gate reads (`application/json`, `…+json`, `text/…`)."""
+    media_type = content_type.split(";", 1)[0].strip()
+    return media_type.startswith(TEXT_TYPES) or media_type.endswith("+json")
+
+
+def _has_body(headers: Headers) -> bool:
+    status = headers.get(":status") or ""
+    return status not in ("204", "304") and (headers.get("content-length") or "").strip() != "0"
+
+
+def _unread(
+    context: RequestContext, record: ExchangeRecord, receipt: list[tuple[str, str]]
+) -> tuple[pb.ProcessingResponse, ReplyReader]:
+    """A reply the gate cannot read (compressed, or of an unknown type): refused under `deny`,
+    counted as `UNREAD` under `report`; its output record is due at once."""
+    policy = context.policy
+    gate = OutputGate(context.output_catalog(), lambda text: text)
+    gate.mark_unread()
+    reader = ReplyReader(context, record, Restorer(PlaceholderMap()), gate, streamed=False)
+    reader._finished = True
+    if policy.output_gate == "deny" and not policy.report_only:
+        refusal = reader._deny(
+            "the model's reply could not be read (compressed, or of an unknown content type); "
+            "this tenant's output gate refuses it",
+            code="output_unreadable",
+        )
+        record.finish()
+        return wire.refuse(refusal, context.provider, receipt), reader
+    record.finish()
+    return wire.response_headers(set_headers=receipt, mode=wire.body_modes(wire.NONE, wire.NONE)), reader
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,19 +176,21 @@ class ReplyReader:
         gate = self.gate
         if self.denied:
             return wire.response_body(b"", set_length=False)  # the stream ended with the error
+        # Under deny, `sse` gives out only what the gate has decided, the end of the reply
+        # included (a last event without its blank line, text a channel still held).
         out = sse.feed(chunk)
-        if gate is not None and gate.deny and (gate.check_windows() or gate.tripped):
+        if end_of_stream:
+            out += sse.finish()
+        if gate is not None and gate.deny and gate.tripped:
             # Nothing of this chunk goes out: the client gets the dialect's error event, and
             # what the upstream still sends is dropped.
             self._finished = True
             refusal = self._deny()
             if end_of_stream:
                 self.record.finish()
-            return wire.response_body(self.context.dialect.error_event(refusal))
+            return wire.response_body(self.context.dialect.error_event(refusal), set_length=False)
         if end_of_stream:
-            out += sse.finish()
             if gate is not None:
-                gate.finish_windows()
                 self._finished = True
             self.record.finish()
         if out == chunk:
@@ -172,18 +212,15 @@ class ReplyReader:
             return wire.response_body()
         return wire.response_body(restored)
 
-    def _deny(self) -> Refusal:
+    def _deny(self, message: str | None = None, *, code: str = "output_blocked") -> Refusal:
         """The reply is refused (outputGate: deny): marked, counted, and the refusal naming kinds."""
         assert self.gate is not None
         self.denied = True
         self.record.metrics.inc("cordon_output_denied_total", dialect=self.context.dialect.name)
-        kinds = ", ".join(sorted(self.gate.kinds)) or "a catalog kind"
-        return Refusal(
-            422,
-            "output",
-            f"the model's reply carried {kinds}; this tenant's output gate refuses it",
-            code="output_blocked",
-        )
+        if message is None:
+            kinds = ", ".join(sorted(self.gate.kinds)) or "a catalog kind"
+            message = f"the model's reply carried {kinds}; this tenant's output gate refuses it"
+        return Refusal(422, "output", message, code=code)
 
     # --- consistent pseudonyms: placeholders of earlier requests, from the vault ---------------
 
@@ -203,6 +240,8 @@ class ReplyReader:
         before = self.sse.checkpoint() if self.sse is not None else None
         response = await read(chunk, end_of_stream)
         wanted = restorer.take_unresolved()
+        if self.denied:
+            return response  # refused: nothing of it is restored
         metrics = self.record.metrics
         if restorer.skipped:
             metrics.inc("cordon_vault_unrestored_total", restorer.skipped, reason="limit")

@@ -14,8 +14,8 @@ from typing import Any
 from ext_proc.restore.output_gate import OutputGate
 from ext_proc.restore.restorers import Restorer
 
-# Strings that are themselves JSON text: an original inserted there must be JSON-string-escaped,
-# because the placeholder sits inside a JSON string inside that text (tool-call arguments).
+# Strings that are JSON text whatever they begin with (tool-call arguments): read as JSON, so an
+# original is written for where it lands in it (ext_proc.restore.json_context).
 JSON_STRING_KEYS = frozenset({"arguments", "partial_json"})
 
 
@@ -28,7 +28,10 @@ def restore_tree(node: Any, restorer: Restorer) -> tuple[Any, bool]:
     """Restore every string value and object key of a parsed JSON value, in place where possible.
 
     Returns the (possibly new) value and whether anything changed. Strings under a key in
-    `JSON_STRING_KEYS` carry JSON text: their originals go in JSON-escaped.
+    `JSON_STRING_KEYS` are JSON text; any other string is JSON text when it begins with `{` or
+    `[` (structured output, a JSON document in a string): in JSON text an original is written
+    JSON-escaped inside strings, once per string it sits in, and as a JSON value of its own
+    outside them. Prose gets the original as it is.
     """
     if isinstance(node, str):
         new = restorer.restore_text(node)
@@ -71,9 +74,10 @@ def restore_json_body(body: bytes, restorer: Restorer, gate: OutputGate | None =
     read by the output gate first, as the model wrote it).
 
     Without the nonce the body comes back as the same bytes. Otherwise it is parsed, restored
-    (every string and key; JSON-carrying strings such as tool-call `arguments` with JSON-escaped
-    insertion) and written back compactly. The rule is the same for every dialect: where text and
-    tool calls sit differs between them, but every string is restored wherever it sits.
+    (every string and key; strings that are JSON text, such as tool-call `arguments` or structured
+    output, with each original written for where it lands in that JSON) and written back
+    compactly. The rule is the same for every dialect: where text and tool calls sit differs
+    between them, but every string is restored wherever it sits.
     """
     if gate is None and not restorer.has_any(body):
         return body
@@ -89,8 +93,8 @@ def restore_json_body(body: bytes, restorer: Restorer, gate: OutputGate | None =
             gate.read(body.decode("utf-8", "replace"))
         if not restorer.has_any(body):
             return body
-        # Not JSON (or nested past what the parser takes): restore as text. Inside a JSON body a
-        # placeholder sits in a string, so the JSON-escaped insertion keeps it valid.
+        # Not JSON (or nested past what the parser takes): restore as text, read as JSON text
+        # when it begins like JSON, so every original is written for where it lands.
         text = body.decode("utf-8", "surrogateescape")
         restored = restorer.restore_text(text, json_escaped=text.lstrip()[:1] in ("{", "["))
         return restored.encode("utf-8", "surrogateescape")

@@ -1,24 +1,28 @@
-"""The output gate (SPEC §15): what the model wrote, read for what it should not carry.
+"""The output gate: what the model wrote, read for what it should not carry.
 
 Model output is read in every channel before restore: text, reasoning/thinking, tool-call
-arguments, refusals, and every other string of the reply except the protocol's own bookkeeping
-(ids, types, roles, stop reasons: `STRUCTURAL_KEYS`). This request's own placeholders are taken out
-first (the caller passes the neutraliser), so a placeholder is never a finding.
+arguments, refusals, transcripts, code, and every other string of the reply except the protocol's
+own bookkeeping (ids, types, roles, stop reasons: `STRUCTURAL_KEYS`) at the positions the APIs
+give them; inside what the model wrote (a tool's input, JSON inside a string) every key is read.
+This request's own placeholders are taken out first (the caller passes the neutraliser), so a
+placeholder is never a finding.
 
-What is counted: distinct values per catalog kind. A reply says the same thing more than once (a
-Responses stream sends every delta, then the whole text in `*.done`, then the whole response in
-`response.completed`); counting distinct values (kept as keyed digests, never as text) makes the
-figure the same whichever way the reply was written.
+The catalog reads each text in its canonical view and its decoded views
+(ext_proc.detect.canonical, ext_proc.detect.decode), so a card written with narrow no-break spaces,
+another script's digits or escapes trips the gate like a plain one. What is counted: distinct
+values per catalog kind, compared in their canonical, decoded view (kept as keyed digests, never
+as text), so the figure is the same however often and in whichever form the reply says a value.
+A string that repeats a streamed channel's whole text (a Responses `*.done` event, the final
+response) was read in that channel and is not read again.
 
-Streams: each delta channel keeps a window of its last `WINDOW` characters and reads them again
-with what arrived since, so a value split across chunks (or events) is read whole. No text is
-held back for this: the window only looks behind. Under `deny` every chunk's new text is read
-before the chunk is released; under `report` a channel is read every `PENDING_CHARS` and at its
-end (the counts are the same, the cost is one scan per few KB instead of one per chunk). A finding
-that touches the end of what has arrived may still grow, so it is counted once it stops growing
-(or the channel ends); under `deny` it trips the gate at once. A prefix of a longer value can
-therefore count as one more distinct value, and can deny a reply that the whole value would have
-denied anyway: a spurious match at a window edge only ever adds a refusal, never hides one.
+Streams: each delta channel (`GateWindow`) reads its text as one text, whatever the events,
+blocks or parts it came in. Text is judged up to where a value could still be growing
+(ext_proc.restore.holdback): the undecided tail waits for more text or the channel's end, so a
+finding is judged whole and a prefix is never taken for a value (nor a value's prefix for
+nothing). Judged text stays as look-behind for the next reading (`WINDOW` characters). Under
+`deny` a channel is read before each chunk of the reply goes out, and a chunk goes out only once
+every channel has decided the text it carries (`settled`); under `report` a channel is read every
+`PENDING_CHARS` and at its end (the counts are the same, the cost one scan per few KB).
 """
 
 from __future__ import annotations
@@ -30,15 +34,29 @@ from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from ext_proc.detect.canonical import canonical_text
 from ext_proc.detect.catalog.engine import Catalog
+from ext_proc.detect.decode import decoded_views
 from ext_proc.detect.findings import Finding
+from ext_proc.detect.structure import (
+    PATH_STEPS,
+    KeyPath,
+    pair_findings,
+    path_role,
+    reads_number,
+    value_findings,
+)
+from ext_proc.restore.holdback import open_start
+from ext_proc.restore.json_text import JsonTextReader
 from ext_proc.transform.redact import resolve_overlaps
+from ext_proc.transform.walk import looks_like_json
 
-# Characters of a channel's earlier text read again with each delta: longer than any catalog
-# value that matters whole (a PEM header line, a JWT's header and payload start, API keys).
+# Characters of a channel's judged text read again with what follows: the context a value's
+# reading needs (a key before its value, the words some kinds need nearby).
 WINDOW = 512
 
-# Keys whose string values are protocol bookkeeping in all three APIs, not model output.
+# Keys whose string values are protocol bookkeeping in all three APIs, not model output: skipped
+# in the API's own objects, read inside what the model wrote (`MODEL_WRITTEN_KEYS`, JSON text).
 STRUCTURAL_KEYS = frozenset(
     {
         "id", "object", "type", "role", "model", "status", "system_fingerprint", "finish_reason",
@@ -47,6 +65,9 @@ STRUCTURAL_KEYS = frozenset(
         "event", "signature", "encrypted_content",
     }
 )  # fmt: skip
+# Keys whose object value the model wrote (a tool's input, a computer action, parsed structured
+# output): no key in it is bookkeeping.
+MODEL_WRITTEN_KEYS = frozenset({"input", "arguments", "args", "parsed", "action", "partial_json"})
 
 # The window's left edge moves to the first whitespace within this many characters, so it does
 # not start inside a token (half a token can look like a value of its own).
@@ -63,12 +84,18 @@ SEEN_TEXTS = 4096
 # Beyond this depth a subtree is read as its JSON text instead of walked.
 MAX_DEPTH = 64
 
+# The count of a reply the gate could not read (compressed, or of a type it does not know).
+UNREAD = "UNREAD"
+
 Neutraliser = Callable[[str], str]
+WindowState = tuple[str, bool, tuple[str, ...], int, int, bool, str]
 
 
 @dataclass(frozen=True, slots=True)
 class GateCheckpoint:
-    windows: dict[Hashable, tuple[str, tuple[str, ...]]]
+    windows: tuple[tuple[Hashable, GateWindow, WindowState], ...]
+    streamed: frozenset[bytes]
+    tripped: bool
 
 
 class OutputGate:
@@ -92,58 +119,96 @@ class OutputGate:
         self._key = secrets.token_bytes(16)
         self._seen: dict[str, set[bytes]] = {}
         self._windows: dict[Hashable, GateWindow] = {}
+        self._streamed: set[bytes] = set()  # digests of streamed channels' whole texts
         self.tripped = False
         self.kinds: set[str] = set()  # every kind seen, counted or not yet (what a refusal names)
         self._read: dict[str, bool] = {}  # short texts already read, and whether they held a finding
+        self.unread = False  # a reply it could not read
 
     def counts(self) -> dict[str, int]:
-        return {kind: len(values) for kind, values in sorted(self._seen.items())}
+        counts = {kind: len(values) for kind, values in self._seen.items()}
+        if self.unread:
+            counts[UNREAD] = 1
+        return dict(sorted(counts.items()))
+
+    def mark_unread(self) -> None:
+        """The reply cannot be read (compressed, or of an unknown type): counted as `UNREAD`."""
+        self.unread = True
+
+    # --- whole strings ---------------------------------------------------------------------------
 
     def read(self, text: str) -> bool:
         """Reads a whole string; True if it carries a finding. A short string read before in this
-        reply (the keys and bookkeeping every event repeats) is answered from what it gave then."""
+        reply (the keys and bookkeeping every event repeats) is answered from what it gave then;
+        a streamed channel's whole text, repeated, was read in its channel."""
         if not text:
             return False
         short = len(text) <= SEEN_TEXT_CHARS
         if short and text in self._read:
             return self._read[text]
-        found = self._read_new(text)
+        if self._streamed and self.digest(text) in self._streamed:
+            return False
+        found = self._take(self._neutralise(text), 0, whole=True)
         if short and len(self._read) < SEEN_TEXTS:
             self._read[text] = found
         return found
 
-    def _read_new(self, text: str) -> bool:
-        return self._take(self._neutralise(text), whole=True)
+    def read_tree(self, node: Any) -> bool:
+        """Reads every string (and key) of a parsed JSON reply except bookkeeping values in the
+        API's own objects, JSON inside strings included, each value also in its key's context
+        (`password`, `phone_number`: ext_proc.detect.structure)."""
+        found = False
+        for text, path in _strings(node):
+            found = self.read(text) or found
+            if path:
+                found = self._read_keyed(text, path) or found
+        return found
 
-    def _take(self, text: str, *, whole: bool) -> bool:
-        """Reads neutralised `text`: records its findings (all when `whole`, else only the settled
-        ones, which end before the text does and so cannot grow), notes every kind; True if any."""
-        findings = self.detect(text) if text else []
+    def _read_keyed(self, text: str, path: KeyPath) -> bool:
+        """What the key path of `text` implies about it (the catalog already read the text)."""
+        if path_role(path) is None:
+            return False
+        neutral = self._neutralise(text)
+        findings = value_findings(path, neutral, self.catalog)
         for finding in findings:
-            if whole or finding.end < len(text):
-                self._record(finding.kind, text[finding.start : finding.end])
+            self._record(finding.kind, neutral[finding.start : finding.end])
         if findings:
             self.tripped = True
             self.kinds.update(f.kind for f in findings)
         return bool(findings)
 
-    def read_tree(self, node: Any) -> bool:
-        """Reads every string (and key) of a parsed JSON reply except STRUCTURAL_KEYS' values."""
+    def _take(self, text: str, floor: int, *, whole: bool, edge_cut: bool = False) -> bool:
+        """Reads neutralised `text` and records its findings that end after `floor` (what came
+        before was read already); a finding at a left edge that cuts a token is a fragment of a
+        token read from its start, and is left out. True if any finding counts."""
         found = False
-        for text in _strings(node):
-            found = self.read(text) or found
+        for finding in self.detect(text) if text else ():
+            if finding.end <= floor or (edge_cut and finding.start == 0):
+                continue
+            found = True
+            self.kinds.add(finding.kind)
+            if whole:
+                self._record(finding.kind, text[finding.start : finding.end])
+        if found:
+            self.tripped = True
         return found
 
     def detect(self, text: str) -> list[Finding]:
         """The catalog's findings, overlaps resolved as redaction resolves them: one span, one kind."""
-        return resolve_overlaps(self.catalog.detect(text))
+        return resolve_overlaps([*self.catalog.detect(text), *pair_findings(text, self.catalog)])
 
-    def window(self, key: Hashable = None) -> GateWindow:
-        """The window of the delta channel `key` (made on first use)."""
+    # --- streamed channels ------------------------------------------------------------------------
+
+    def window(self, key: Hashable = None, *, json_text: bool = False) -> GateWindow:
+        """The window of the delta channel `key` (made on first use); `json_text`: the channel
+        carries JSON text (tool-call arguments), read with its escapes undone."""
         window = self._windows.get(key)
         if window is None:
-            window = self._windows[key] = GateWindow(self)
+            window = self._windows[key] = GateWindow(self, json_text=json_text)
         return window
+
+    def window_keys(self) -> list[Hashable]:
+        return list(self._windows)
 
     def finish_window(self, key: Hashable) -> bool:
         """Channel `key` ended: read to its end."""
@@ -151,7 +216,8 @@ class OutputGate:
         return window.finish() if window is not None else False
 
     def check_windows(self) -> bool:
-        """Checks every channel with new text (under `deny`, once per chunk); True if any found."""
+        """Reads every channel with new text up to what is decided (under `deny`, once per chunk
+        before it goes out); True if any found."""
         found = False
         for window in self._windows.values():
             found = window.check() or found
@@ -165,64 +231,147 @@ class OutputGate:
         self._windows.clear()
         return found
 
+    def marks(self) -> tuple[tuple[GateWindow, int], ...]:
+        """Where each channel with undecided text stands now: what a chunk produced now waits for."""
+        return tuple((w, w.fed) for w in self._windows.values() if w.decided < w.fed)
+
+    def digest(self, text: str) -> bytes:
+        digest: bytes = self.hasher(text).digest()
+        return digest
+
+    def hasher(self, text: str = "") -> Any:
+        """A keyed digest of a channel's text, fed as it streams (`streamed` notes the result)."""
+        h = hashlib.blake2b(digest_size=16, key=self._key)
+        if text:
+            h.update(text.encode("utf-8", "surrogatepass"))
+        return h
+
+    def streamed(self, digest: bytes) -> None:
+        """A streamed channel's whole text (its digest): read in its channel, not again when a
+        later event repeats it whole."""
+        self._streamed.add(digest)
+
     def checkpoint(self) -> GateCheckpoint:
-        """The windows' state between two chunks (a chunk read again after a vault lookup must
-        not be read into a window twice)."""
-        return GateCheckpoint({key: window.state() for key, window in self._windows.items()})
+        """The gate's state between two chunks (a chunk read again after a vault lookup must not
+        be read into a window twice)."""
+        windows = tuple((key, w, w.state()) for key, w in self._windows.items())
+        return GateCheckpoint(windows, frozenset(self._streamed), self.tripped)
 
     def rollback(self, checkpoint: GateCheckpoint) -> None:
         self._windows = {}
-        for key, state in checkpoint.windows.items():
-            self.window(key).load(state)
+        for key, window, state in checkpoint.windows:
+            window.load(state)  # the same objects: chunks waiting for them keep their marks
+            self._windows[key] = window
+        self._streamed = set(checkpoint.streamed)
+        self.tripped = checkpoint.tripped
 
     def _record(self, kind: str, value: str) -> None:
-        raw = value.encode("utf-8", "surrogatepass")
+        # Counted in its canonical, decoded view: one card written with plain and with narrow
+        # no-break spaces, in another script's digits or as escapes is one value.
+        for decoded in decoded_views(canonical_text(value)):
+            value = decoded.text
+        raw = canonical_text(value).encode("utf-8", "surrogatepass")
         digest = hashlib.blake2b(raw, digest_size=16, key=self._key).digest()
         self._seen.setdefault(kind, set()).add(digest)
 
 
 class GateWindow:
-    """One delta channel of a stream. Deltas collect until `check`: then the channel's last
-    WINDOW characters are read again together with everything new, so a value cut anywhere is
-    read whole. The caller decides how often to check: after every chunk under `deny` (before the
-    chunk is released), only when `PENDING_CHARS` have collected and at the end under `report`."""
+    """One delta channel of a stream: its text read as one text, a decided part at a time.
 
-    def __init__(self, gate: OutputGate) -> None:
+    `fed` counts the characters fed so far, `decided` those judged (released under `deny`). Each
+    `check` judges the pending text up to where a value could still be growing, together with the
+    last WINDOW characters already judged (so a value cut anywhere is read whole, with its
+    context); the rest waits. `finish` judges everything: nothing more can complete it."""
+
+    __slots__ = (
+        "_edge_cut",
+        "_gate",
+        "_json",
+        "_pending",
+        "_pending_chars",
+        "_tail",
+        "decided",
+        "fed",
+        "finished",
+    )
+
+    def __init__(self, gate: OutputGate, *, json_text: bool = False) -> None:
         self._gate = gate
-        self._tail = ""
+        self._json = JsonTextReader() if json_text else None
+        self._tail = ""  # judged text (neutralised), the look-behind
+        self._edge_cut = False  # the tail starts inside a token
         self._pending: list[str] = []
         self._pending_chars = 0
+        self.fed = 0
+        self.decided = 0
+        self.finished = False
 
-    def state(self) -> tuple[str, tuple[str, ...]]:
-        return self._tail, tuple(self._pending)
+    def settled(self, mark: int) -> bool:
+        """Whether the text fed up to `mark` is decided."""
+        return self.finished or self.decided >= mark
 
-    def load(self, state: tuple[str, tuple[str, ...]]) -> None:
-        self._tail, pending = state
+    def state(self) -> WindowState:
+        carry = self._json.carry if self._json is not None else ""
+        return (
+            self._tail,
+            self._edge_cut,
+            tuple(self._pending),
+            self.fed,
+            self.decided,
+            self.finished,
+            carry,
+        )
+
+    def load(self, state: WindowState) -> None:
+        self._tail, self._edge_cut, pending, self.fed, self.decided, self.finished, carry = state
         self._pending = list(pending)
         self._pending_chars = sum(map(len, pending))
+        if self._json is not None:
+            self._json.load(carry)
 
     def feed(self, delta: str) -> None:
+        if self._json is not None:
+            delta = self._json.feed(delta)
         if delta:
             self._pending.append(delta)
             self._pending_chars += len(delta)
-            if self._pending_chars >= PENDING_CHARS:
+            self.fed += len(delta)
+            if not self._gate.deny and self._pending_chars >= PENDING_CHARS:
                 self.check()
 
     def check(self, *, final: bool = False) -> bool:
-        """Reads the window and what is pending; True if anything is found in them."""
-        if not self._pending and not (final and self._tail):
+        """Judges the pending text up to what is decided (all of it when `final`); True if a
+        finding is in it."""
+        if final and self._json is not None:
+            rest = self._json.finish()
+            if rest:
+                self._pending.append(rest)
+                self.fed += len(rest)
+        if not self._pending:
+            if final:
+                self.finished = True
             return False
         gate = self._gate
-        joined = self._tail + "".join(self._pending)
-        cut = len(joined) if final else gate._open_tail(joined)
-        raw, rest = joined[:cut], joined[cut:]
-        text = gate._neutralise(raw)
-        found = gate._take(text, whole=final)
-        # The window looks back from the cut, over text already neutralised (no half placeholder
-        # at its left edge), from a word boundary (no half token); the open tail is read next time.
-        self._tail = "" if final else _look_behind(text)
+        tail = self._tail
+        joined = tail + "".join(self._pending)
+        floor = len(tail)
+        if final:
+            hold = len(joined)
+        else:
+            cut = gate._open_tail(joined)
+            hold = open_start(joined[:cut], floor, gate.catalog) if cut > floor else floor
+            if hold <= floor:
+                return False  # nothing decided yet
+        judged = tail + gate._neutralise(joined[floor:hold])
+        found = gate._take(judged, len(tail), whole=True, edge_cut=self._edge_cut)
+        self.decided += hold - floor
+        self._tail, self._edge_cut = _look_behind(judged, self._edge_cut)
+        rest = joined[hold:]
         self._pending = [rest] if rest else []
         self._pending_chars = len(rest)
+        if final:
+            self.finished = True
+            self.decided = self.fed
         return found
 
     def finish(self) -> bool:
@@ -230,26 +379,47 @@ class GateWindow:
         return self.check(final=True)
 
 
-def _look_behind(text: str) -> str:
-    """The last WINDOW characters of `text`, starting after a whitespace where one is near."""
+def _look_behind(text: str, edge_cut: bool) -> tuple[str, bool]:
+    """The last WINDOW characters of `text`, from after a whitespace where one is near; and
+    whether that left edge falls inside a token."""
+    if len(text) <= WINDOW:
+        return text, edge_cut
     tail = text[-WINDOW:]
-    if len(text) > WINDOW:
-        space = next((i for i, ch in enumerate(tail[:WORD_EDGE_CHARS]) if ch.isspace()), -1)
-        tail = tail[space + 1 :]
-    return tail
+    space = next((i for i, ch in enumerate(tail[:WORD_EDGE_CHARS]) if ch.isspace()), -1)
+    if space >= 0:
+        return tail[space + 1 :], False
+    return tail, not text[-WINDOW - 1].isspace() and not tail[0].isspace()
 
 
-def _strings(node: Any, depth: int = 0) -> Iterator[str]:
+def _strings(
+    node: Any, depth: int = 0, path: KeyPath = (), *, envelope: bool = True
+) -> Iterator[tuple[str, KeyPath | None]]:
+    """Every string of `node` with its key path (None for an object key), JSON inside a string
+    walked as well, and the numbers whose key may name a value (as their digits). `envelope`:
+    still in the API's own objects, where bookkeeping keys are skipped."""
     if isinstance(node, str):
-        yield node
+        yield node, path
+        if depth <= MAX_DEPTH and looks_like_json(node):
+            try:
+                inner = json.loads(node)
+            except (ValueError, RecursionError):
+                inner = None
+            if isinstance(inner, (dict, list)):
+                yield from _strings(inner, depth + 1, path, envelope=False)
+    elif isinstance(node, int) and not isinstance(node, bool):
+        if reads_number(path):
+            yield str(node), path
     elif depth > MAX_DEPTH and isinstance(node, (dict, list)):
-        yield json.dumps(node)  # nested this deep: read as its JSON text, never skipped
+        yield json.dumps(node), None  # nested this deep: read as its JSON text, never skipped
     elif isinstance(node, dict):
         for key, value in node.items():
-            yield key
-            if key in STRUCTURAL_KEYS and not isinstance(value, (dict, list)):
+            yield key, None
+            if envelope and key in STRUCTURAL_KEYS and not isinstance(value, (dict, list)):
                 continue
-            yield from _strings(value, depth + 1)
+            inner_path = (*path[1 - PATH_STEPS :], key) if path else (key,)
+            yield from _strings(
+                value, depth + 1, inner_path, envelope=envelope and key not in MODEL_WRITTEN_KEYS
+            )
     elif isinstance(node, list):
         for item in node:
-            yield from _strings(item, depth + 1)
+            yield from _strings(item, depth + 1, path, envelope=envelope)

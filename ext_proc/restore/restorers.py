@@ -11,6 +11,11 @@ typed by a user, or a placeholder of another request, comes back as it was. The 
 changed case, markdown-escaped underscores (`\\_`) and brackets written as the JSON escapes
 `\\u003c` / `\\u003e`.
 
+An original is written for where it lands (ext_proc.restore.json_context): as it is in prose,
+JSON-escaped inside a JSON string (once per string it sits in: structured output, tool-call
+arguments, JSON inside a JSON string), as a JSON value of its own outside strings; so a value
+holding `"` or `\\` can neither break the reply's JSON nor add keys to it.
+
 Consistent pseudonyms are stable across requests, so a reply may mention one this request never
 sent: `PseudonymRestorer` restores this request's map first and collects the others for the
 exchange to look up in the tenant's vault (ext_proc.storage.vault) before the same bytes are
@@ -27,11 +32,11 @@ Nothing here logs: the originals are in every string this module produces.
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Iterable, Mapping
 
 import regex
 
+from ext_proc.restore.json_context import JsonContext, encode, looks_like_json
 from ext_proc.transform.grammar import (
     LONGEST_FORM_CHARS,
     format_placeholder,
@@ -58,7 +63,8 @@ class Restorer:
     def __init__(self, pmap: PlaceholderMap) -> None:
         self.nonce = pmap.nonce
         self._originals: dict[str, str] = dict(pmap.originals)
-        self._escaped: dict[str, str] = {}
+        # (key, enclosing strings, as a JSON value) → the original written so: computed once.
+        self._escaped: dict[tuple[str, int, bool], str] = {}
         self.pattern: regex.Pattern[str] | None = None
         self._nonce_bytes = self.nonce.encode("ascii")
         if not self._originals:
@@ -95,10 +101,15 @@ class Restorer:
             return len(text)
         i = max(0, len(text) - LONGEST_FORM_CHARS)
         while (m := pattern.search(text, i, partial=True)) is not None:
-            if m.partial or not is_final(text, m):
+            if m.partial or not self.final(text, m):
                 return m.start()
             i = m.end()
         return len(text)
+
+    def final(self, text: str, m: regex.Match[str]) -> bool:
+        """Whether a complete match in `text` is final: more text could not make it another match
+        (a longer index, a closing bracket still to come)."""
+        return is_final(text, m)
 
     def has_any(self, data: bytes | str) -> bool:
         """Cheap pre-check: could `data` hold one of this exchange's placeholders (its nonce, any case)?"""
@@ -109,23 +120,30 @@ class Restorer:
         return self._nonce_bytes in data or self._nonce_bytes in data.lower()
 
     def restore_text(self, text: str, *, json_escaped: bool = False) -> str:
-        """`text` with every placeholder of this exchange replaced by its original.
+        """`text` with every placeholder of this exchange replaced by its original, written for
+        where it sits (ext_proc.restore.json_context): as it is in prose; JSON-escaped, once per
+        enclosing string, inside JSON strings; as a JSON value of its own outside them.
 
-        `json_escaped`: `text` is the inside of a JSON string (tool-call arguments), so the original
-        goes in JSON-escaped and the text stays valid JSON. Returns `text` itself when unchanged.
+        `json_escaped`: `text` is JSON text whatever it looks like (tool-call arguments);
+        otherwise it is read as JSON when it begins with `{` or `[`. Returns `text` itself when
+        unchanged.
         """
         if self.pattern is None or not self.has_any(text):
             return text
-        return self._restore_from(text, 0, json_escaped)
+        return self.restore_span(text, 0, context_for(text, json_escaped=json_escaped))
 
-    def _restore_from(self, s: str, start: int, json_escaped: bool) -> str:
-        """Restore `s[start:]`; `s[:start]` is only context for the word-start look-behind."""
+    def restore_span(self, s: str, start: int, context: JsonContext | None) -> str:
+        """Restore `s[start:]`, read on by `context` (None: prose); `s[:start]` is only context
+        for the word-start look-behind."""
         assert self.pattern is not None
         out: list[str] = []
         i = start
         for m in self.pattern.finditer(s, start):
-            out.append(s[i : m.start()])
-            out.append(self.replacement(m, json_escaped))
+            before = s[i : m.start()]
+            out.append(before)
+            if context is not None:
+                context.feed(before)
+            out.append(self.emit(m, context))
             i = m.end()
         if i == start:
             return s[start:] if start else s
@@ -139,19 +157,36 @@ class Restorer:
             return None  # `_01`, or another request's nonce: not ours
         return format_placeholder(m.group("label").replace("\\", "").upper(), self.nonce, int(index))
 
-    def replacement(self, m: regex.Match[str], json_escaped: bool) -> str:
-        """The original for a match, or the matched text as it was when it is not in the map."""
+    def lookup(self, m: regex.Match[str]) -> tuple[str, str] | None:
+        """The key and original a match stands for; None when the map does not hold it."""
         key = self.key_of(m)
         original = self._originals.get(key) if key is not None else None
-        if original is None:
+        return None if key is None or original is None else (key, original)
+
+    def emit(self, m: regex.Match[str], context: JsonContext | None) -> str:
+        """What goes out for a match: its original, written for where it sits; the matched text
+        as it was when it is not in the map, or where nothing can be inserted safely (right after
+        a backslash in JSON). `context` has read everything before the match and reads what is
+        emitted."""
+        found = self.lookup(m)
+        if found is None:
+            if context is not None:
+                context.feed(m.group(0))
             return m.group(0)
-        if not json_escaped:
+        if context is None or context.prose:
+            return found[1]
+        spot = context.spot()
+        if spot is None:
+            context.feed(m.group(0))
+            return m.group(0)
+        key, original = found
+        context.inserted(spot, original)
+        if not spot.strings and not spot.literal:
             return original
-        assert key is not None
-        escaped = self._escaped.get(key)
-        if escaped is None:
-            escaped = self._escaped[key] = json.dumps(original, ensure_ascii=False)[1:-1]
-        return escaped
+        cached = self._escaped.get((key, spot.strings, spot.literal))
+        if cached is None:
+            cached = self._escaped[(key, spot.strings, spot.literal)] = encode(original, spot)
+        return cached
 
 
 class PseudonymRestorer(Restorer):
@@ -189,7 +224,7 @@ class PseudonymRestorer(Restorer):
     def key_of(self, m: regex.Match[str]) -> str | None:
         return format_pseudonym(m.group("label").replace("\\", "").upper(), m.group("digest").lower())
 
-    def replacement(self, m: regex.Match[str], json_escaped: bool) -> str:
+    def lookup(self, m: regex.Match[str]) -> tuple[str, str] | None:
         key = self.key_of(m)
         if key is not None and not self._known(key):
             if self._budget > 0:
@@ -198,7 +233,7 @@ class PseudonymRestorer(Restorer):
             else:
                 self._absent.add(key)
                 self.skipped += 1
-        return super().replacement(m, json_escaped)
+        return super().lookup(m)
 
     def _known(self, key: str) -> bool:
         return key in self._originals or key in self._absent or key in self.unresolved
@@ -230,10 +265,11 @@ class SurrogateRestorer(Restorer):
     The `close` group, which `StreamRestorer` reads to decide whether a match could still grow,
     is set when the text after the match (or the surrogate's own last character) ends the word; a
     match that ends where the text ends stays held back until more text, or the channel's end,
-    decides it.
+    decides it. So does a match that a longer surrogate begins with (a date, and the same date
+    with the age written beside it) while the text after it could still spell the rest.
     """
 
-    __slots__ = ()
+    __slots__ = ("_longer",)
 
     def __init__(self, originals: Mapping[str, str], nonce: str) -> None:
         self.nonce = nonce  # the request's placeholder nonce: what the gate reads strip markers by
@@ -246,8 +282,30 @@ class SurrogateRestorer(Restorer):
             if folded in self._originals and self._originals[folded] != original:
                 raise ValueError("two values of one request share a surrogate")
             self._originals[folded] = original
+        # Each surrogate → the longer ones that begin with it. Sorted, those follow it directly,
+        # so this costs the number of such pairs, not the square of the count.
+        self._longer: dict[str, tuple[str, ...]] = {}
+        ordered = sorted(self._originals)
+        for i, short in enumerate(ordered):
+            j = i + 1
+            while j < len(ordered) and ordered[j].startswith(short):
+                j += 1
+            if j > i + 1:
+                self._longer[short] = tuple(ordered[i + 1 : j])
         if originals:
             self.pattern = _surrogate_pattern(tuple(sorted(originals, key=lambda t: (-len(t), t))))
+
+    def final(self, text: str, m: regex.Match[str]) -> bool:
+        if not is_final(text, m):
+            return False
+        key = m.group("surrogate").casefold()
+        after = text[m.end() :]
+        for longer in self._longer.get(key, ()):
+            rest = longer[len(key) :]
+            seen = after[: len(rest)].casefold()
+            if len(seen) < len(rest) and rest.startswith(seen):
+                return False  # the text so far could still go on to spell the longer one
+        return True
 
     def has_any(self, data: bytes | str) -> bool:
         """Cheap pre-check: does `data` hold one of this request's surrogates, in any case (one
@@ -262,9 +320,10 @@ class SurrogateRestorer(Restorer):
         return m.group("surrogate").casefold()
 
     def neutralise(self, text: str) -> str:
-        """This request's surrogates, and every address at the surrogate domain (an earlier turn's
-        surrogate, which the catalog would read as an email), read as a space: the output gate's
-        view of model output."""
+        """This request's surrogates, and every address of the surrogates' shape at the surrogate
+        domain (an earlier turn's surrogate, which the catalog would read as an email), read as a
+        space: the output gate's view of model output. Only the address itself goes: whatever is
+        glued in front of it is read."""
         text = super().neutralise(text)
         if SURROGATE_DOMAIN in text or SURROGATE_DOMAIN in text.lower():
             text = _SURROGATE_EMAIL.sub(" ", text)
@@ -280,7 +339,20 @@ def _surrogate_pattern(surrogates: tuple[str, ...]) -> regex.Pattern[str]:
     )
 
 
-_SURROGATE_EMAIL = regex.compile(rf"[\w.+-]+@{regex.escape(SURROGATE_DOMAIN)}(?![\w.-])", regex.IGNORECASE)
+# A surrogate address exactly as `mode: surrogate` writes them (`given.familyNN@example.invalid`),
+# standing alone: anything glued in front of it (a key, a card) is not part of it and stays read.
+_SURROGATE_EMAIL = regex.compile(
+    rf"(?<![\w.+%-])[a-z]{{1,32}}\.[a-z]{{1,32}}[0-9]{{2}}@{regex.escape(SURROGATE_DOMAIN)}(?![\w.-])",
+    regex.IGNORECASE,
+)
+
+
+def context_for(text: str, *, json_escaped: bool = False) -> JsonContext | None:
+    """The reader of a whole text: JSON text (lenient when the caller knows it is JSON, strict
+    when it only begins like JSON), or None for prose."""
+    if json_escaped:
+        return JsonContext(lenient=True)
+    return JsonContext() if looks_like_json(text) else None
 
 
 def restorer_for(pmap: PlaceholderMap | PseudonymMap) -> Restorer:

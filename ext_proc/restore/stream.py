@@ -4,13 +4,29 @@ Where it sits: a streamed reply (ext_proc.restore.sse) carries each text as a se
 on its channel (one choice's content, one tool call's arguments, one Anthropic content block, …),
 and a placeholder may be split over any number of them. Each channel has a `StreamRestorer`,
 which emits everything that can no longer be part of a placeholder at once and holds back only
-the tail that could still be one, until more text or the channel's end decides it.
+the tail that could still be one, until more text or the channel's end decides it. It also reads
+the channel as the client will (ext_proc.restore.json_context): a channel whose text begins with
+`{` or `[` (structured output), or one the dialect says is JSON (tool-call arguments), gets each
+original written for where it lands in that JSON, however the deltas cut it.
 """
 
 from __future__ import annotations
 
+from ext_proc.restore.json_context import JsonContext, Snapshot
 from ext_proc.restore.restorers import Restorer
-from ext_proc.transform.grammar import LOOKBEHIND_CHARS, is_final
+from ext_proc.transform.grammar import LOOKBEHIND_CHARS
+
+
+class StreamState(tuple[str, str]):
+    """A channel's state between two chunks: the held tail and its look-behind context (the
+    pair callers store), carrying the JSON reader's state along (`StreamRestorer.load`)."""
+
+    json: Snapshot
+
+    def __new__(cls, held: str, ctx: str, json: Snapshot) -> StreamState:
+        state = super().__new__(cls, (held, ctx))
+        state.json = json
+        return state
 
 
 class StreamRestorer:
@@ -23,13 +39,16 @@ class StreamRestorer:
     is never longer than the longest placeholder form (2 × label + index digits + 23 characters),
     and text that cannot start a placeholder goes out at once. Each `feed` scans only the held tail
     plus the new text, so a stream costs time linear in its length.
+
+    `json_escaped`: the channel is JSON text whatever its first character (tool-call arguments);
+    otherwise it is read as JSON when it begins with `{` or `[`, and as prose else.
     """
 
-    __slots__ = ("_ctx", "_held", "_json_escaped", "_restorer")
+    __slots__ = ("_context", "_ctx", "_held", "_restorer")
 
     def __init__(self, restorer: Restorer, *, json_escaped: bool = False) -> None:
         self._restorer = restorer
-        self._json_escaped = json_escaped
+        self._context = JsonContext(lenient=json_escaped)
         self._held = ""
         # The characters before the held tail that the word-start look-behind reads.
         self._ctx = ""
@@ -38,12 +57,15 @@ class StreamRestorer:
     def held(self) -> str:
         return self._held
 
-    def save(self) -> tuple[str, str]:
-        """The held tail and its context, for `load` to put back (`SseRestorer.checkpoint`)."""
-        return self._held, self._ctx
+    def save(self) -> StreamState:
+        """The held tail, its context and the JSON reader's state, for `load` to put back
+        (`SseRestorer.checkpoint`)."""
+        return StreamState(self._held, self._ctx, self._context.snapshot())
 
     def load(self, state: tuple[str, str]) -> None:
         self._held, self._ctx = state
+        if isinstance(state, StreamState):
+            self._context.restore(state.json)
 
     def feed(self, text: str) -> str:
         pattern = self._restorer.pattern
@@ -52,6 +74,7 @@ class StreamRestorer:
         if not text:
             return ""
         held = self._held
+        context = self._context
         s = self._ctx + held + text
         start = i = len(self._ctx)
         n = len(s)
@@ -62,17 +85,21 @@ class StreamRestorer:
             if m is None:
                 cut = n
                 break
-            if m.partial or not is_final(s, m):
+            if m.partial or not self._restorer.final(s, m):
                 cut = m.start()
                 break
-            out.append(s[i : m.start()])
-            out.append(self._restorer.replacement(m, self._json_escaped))
+            before = s[i : m.start()]
+            out.append(before)
+            context.feed(before)
+            out.append(self._restorer.emit(m, context))
             i = m.end()
         self._held = s[cut:]
         self._ctx = s[max(0, cut - LOOKBEHIND_CHARS) : cut]
+        rest = s[i:cut]
+        context.feed(rest)
         if i == start and cut == n:
             return held + text if held else text  # the common case: nothing held, nothing found
-        out.append(s[i:cut])
+        out.append(rest)
         return "".join(out)
 
     def flush(self) -> str:
@@ -81,4 +108,4 @@ class StreamRestorer:
         self._held = self._ctx = ""
         if not held or self._restorer.pattern is None:
             return held
-        return self._restorer._restore_from(ctx + held, len(ctx), self._json_escaped)
+        return self._restorer.restore_span(ctx + held, len(ctx), self._context)

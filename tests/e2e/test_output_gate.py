@@ -1,5 +1,6 @@
 """The output gate end to end (SPEC §15, issue 7 part 3): real Envoy, ext_proc, Redis and the fake
-upstream, told (`x-fake-reply`) to answer with a secret that was never in the request.
+upstream, told (in-process, `set_behaviour(reply=…)`) to answer with a secret that was never in the
+request: a request header would be read and rewritten like any other.
 
 The default tenant reports: the reply is unchanged and a receipt of its own (decision `output`,
 `exchange` = the exchange's receipt) counts the distinct values by kind. `gate-deny` refuses: a
@@ -52,8 +53,7 @@ def call(
 ) -> tuple[int, dict[str, str], bytes]:
     key = KEYS[tenant] if tenant != "default" else "sk-test-no-tenant"
     headers = {"x-fake-delta-chars": "3", "x-fake-chunk-bytes": "7"} if split else {}
-    if reply is not None:
-        headers["x-fake-reply"] = reply
+    stack.upstream.set_behaviour(reply=reply)
     if dialect == "messages":
         path = "/v1/messages"
         body: dict[str, Any] = {
@@ -150,7 +150,8 @@ def test_deny_ends_a_stream_with_the_dialect_error_event(gated: RunningStack, di
 
 def test_deny_raises_in_the_official_sdks(gated: RunningStack) -> None:
     base = f"http://127.0.0.1:{gated.settings.listen_port}"
-    headers = {"x-fake-reply": REPLY}
+    gated.upstream.set_behaviour(reply=REPLY)
+    headers: dict[str, str] = {}
     oai = openai.OpenAI(
         base_url=base + "/v1", api_key=KEYS["gate-deny"], max_retries=0, default_headers=headers
     )

@@ -15,10 +15,14 @@ endpoints (never recorded): ``GET /_fake/health``, ``GET /_fake/received``, ``PO
 
 Behaviours (constructor keywords, :meth:`FakeUpstream.set_behaviour`, or per request with an
 ``x-fake-<name>`` header, ``_`` or ``-`` in the name; the header wins) shape the reply and the
-transport: fixed ``reply`` text, ``tool`` calls, ``thinking``, odd ``chunk_bytes`` splits,
+transport: fixed ``reply`` text (where ``{{said}}`` is the caller's last input, ``{{said:N}}`` its
+line N), ``tool`` calls, ``thinking``, odd ``chunk_bytes`` splits,
 ``delta_chars`` per delta, ``delay_ms`` between writes, ``stall_after_bytes`` / ``stall_s``,
 ``truncate_after_bytes``, ``fail_status`` and ``escape_brackets`` (``<``/``>`` as ``\\u003c``/
-``\\u003e``; ``deep`` also inside tool-argument JSON text).
+``\\u003e``; ``deep`` also inside tool-argument JSON text). ``raw`` sends any bytes instead of the
+API's reply (in-process only: bytes, or a list of byte strings written one by one), with
+``raw_type`` as its content type (``None``: no content type) and ``raw_encoding`` as its
+content encoding: the reply of an upstream that sends whatever it likes.
 
 Command line: ``python -m tests.support.fake_upstream --host 127.0.0.1 --port 18080`` serves until
 SIGINT/SIGTERM and prints ``fake upstream listening on http://HOST:PORT`` when ready.
@@ -31,6 +35,7 @@ import base64
 import contextlib
 import hashlib
 import json
+import re
 import select
 import signal
 import socket
@@ -55,7 +60,7 @@ THINKING_PREFIX = "Thinking about: "
 """A thinking block / reasoning summary is ``THINKING_PREFIX + <the caller's last input text>``."""
 
 BEHAVIOUR_DEFAULTS: dict[str, Any] = {
-    "reply": None,  # str: fixed reply text instead of the echo
+    "reply": None,  # str: fixed reply text instead of the echo ({{said}}, {{said:N}}: see _reply_text)
     "tool": False,  # answer with one call to the first declared function tool
     "thinking": False,  # also emit a thinking block (Anthropic) / reasoning item (Responses)
     "chunk_bytes": 0,  # >0: split the body byte stream into writes of this size; 0: one write per event
@@ -66,6 +71,9 @@ BEHAVIOUR_DEFAULTS: dict[str, Any] = {
     "truncate_after_bytes": None,  # close the connection after N body bytes
     "fail_status": None,  # answer this status with the provider's error JSON
     "escape_brackets": False,  # False | True | "deep": write < > as \u003c \u003e
+    "raw": None,  # bytes | list of bytes: the body as written, on any route (writes in order)
+    "raw_type": "text/event-stream",  # the raw body's content type (None: no header)
+    "raw_encoding": None,  # the raw body's content-encoding header (None: none)
 }
 
 _KINDS: dict[str, str] = {
@@ -80,6 +88,9 @@ _KINDS: dict[str, str] = {
     "truncate_after_bytes": "optint",
     "fail_status": "optint",
     "escape_brackets": "escape",
+    "raw": "raw",
+    "raw_type": "text",
+    "raw_encoding": "text",
 }
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -99,6 +110,11 @@ def _coerce(name: str, value: Any) -> Any:
         raise KeyError(f"unknown behaviour {name!r}; known: {', '.join(sorted(_KINDS))}")
     if kind == "text":
         return None if value is None else str(value)
+    if kind == "raw":
+        if value is None:
+            return None
+        pieces = value if isinstance(value, (list, tuple)) else [value]
+        return tuple(p if isinstance(p, bytes) else str(p).encode("utf-8") for p in pieces)
     if kind in ("bool", "escape"):
         if isinstance(value, bool) or value is None:
             return bool(value)
@@ -284,6 +300,24 @@ def _escape(text: str) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e")
 
 
+_SAID = re.compile(r"\{\{said(?::([0-9]+))?\}\}")
+
+
+def _reply_text(template: str, said: str) -> str:
+    """A fixed reply, where ``{{said}}`` stands for the caller's last input as received and
+    ``{{said:N}}`` for its line N (from 0; empty past the last): a scripted reply that names
+    what the request carried (placeholders whose nonce only the request knows)."""
+    lines = said.split("\n")
+
+    def fill(m: re.Match[str]) -> str:
+        if m.group(1) is None:
+            return said
+        n = int(m.group(1))
+        return lines[n] if n < len(lines) else ""
+
+    return _SAID.sub(fill, template)
+
+
 def _plan(api: str, body: Mapping[str, Any], beh: Mapping[str, Any], raw_len: int) -> _Plan:
     if api == "chat":
         said, model = _chat_input(body), DEFAULT_OPENAI_MODEL
@@ -293,7 +327,7 @@ def _plan(api: str, body: Mapping[str, Any], beh: Mapping[str, Any], raw_len: in
         said, model = _anthropic_input(body), DEFAULT_ANTHROPIC_MODEL
     if isinstance(body.get("model"), str):
         model = body["model"]
-    text = beh["reply"] if beh["reply"] is not None else ECHO_PREFIX + said
+    text = _reply_text(beh["reply"], said) if beh["reply"] is not None else ECHO_PREFIX + said
     tool_name = _first_function_tool(body.get("tools"), api) if beh["tool"] else None
     if api == "responses":
         wants_thinking = beh["thinking"] or isinstance(body.get("reasoning"), dict)
@@ -1082,6 +1116,9 @@ class _Handler(BaseHTTPRequestHandler):
             message = f"fake upstream: failing with status {status} as asked"
             self._send_json(status, _error_body(provider, status, message), beh, provider=provider)
             return
+        if beh.get("raw") is not None:
+            self._send_raw(beh)
+            return
         method = self.command
         if method == "GET" and route == "/v1/models":
             if provider == "anthropic":
@@ -1197,6 +1234,24 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         writer = _BodyWriter(self, beh or BEHAVIOUR_DEFAULTS, chunked=False)
         writer.write(data)
+        writer.finish()
+
+    def _send_raw(self, beh: Mapping[str, Any]) -> None:
+        """The `raw` behaviour: its bytes as the body, chunked, each piece its own write (and
+        split further by `chunk_bytes`), under the headers it names."""
+        self.send_response(200)
+        if beh.get("raw_type"):
+            self.send_header("Content-Type", beh["raw_type"])
+        if beh.get("raw_encoding"):
+            self.send_header("Content-Encoding", beh["raw_encoding"])
+        self.send_header("Transfer-Encoding", "chunked")
+        self._common_headers("openai")
+        self.end_headers()
+        writer = _BodyWriter(self, beh, chunked=True)
+        for piece in beh["raw"]:
+            writer.write(piece)
+            if not writer.chunk_bytes and writer.delay_s:
+                time.sleep(writer.delay_s)
         writer.finish()
 
     def _send_sse(

@@ -222,16 +222,15 @@ def test_the_gate_under_deny_ends_an_sse_stream_with_the_error_event() -> None:
     answers: list[Answer] = [s.response_body(events[0], end_of_stream=False)]
     answers += [s.response_body(events[1], end_of_stream=False)]
     answers += [s.response_body(b"".join(events[2:]), end_of_stream=True)]
-    assert answers[0].body is None  # released as it came
-    assert answers[1].body == (
+    assert answers[0].body is None  # released as it came: nothing in it can grow into a value
+    assert answers[1].body == b""  # held: the number at the end could still grow
+    assert answers[2].body == (
         b'data: {"error":{"message":"the model\'s reply carried PHONE; this tenant\'s output gate '
         b'refuses it","stage":"output","type":"invalid_request_error","param":null,'
         b'"code":"output_blocked"}}\n\n'
     )
-    assert answers[2].cleared and answers[2].body == b""  # what the upstream still sends is dropped
-    # The value ended the text read so far: it trips the gate at once, but is counted only once
-    # it stops growing, which a denied stream never lets it do.
-    assert outputs(receipts) == [("output", {}, receipts.receipts[0].hash)]
+    # Judged once the text after it showed it whole: counted, and nothing of it left.
+    assert outputs(receipts) == [("output", {"PHONE": 1}, receipts.receipts[0].hash)]
 
 
 def test_an_output_record_that_cannot_be_written_is_a_gap() -> None:

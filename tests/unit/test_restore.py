@@ -115,7 +115,8 @@ def test_word_boundaries_of_bracketless_forms() -> None:
     assert R.restore_text(f"_{bare}_") == f"_{ORIG[0]}_"  # markdown emphasis
     assert R.restore_text(f"__{bare}__") == f"__{ORIG[0]}__"
     assert R.restore_text(f"a_{bare}") == f"a_{bare}"
-    assert R.restore_text(f"line\\n{bare}", json_escaped=True) == f"line\\n{json.dumps(ORIG[0])[1:-1]}"
+    escaped = json.dumps(ORIG[0])[1:-1]
+    assert R.restore_text(f'"line\\n{bare}"', json_escaped=True) == f'"line\\n{escaped}"'
 
 
 def test_json_escaped_insertion_keeps_tool_arguments_valid_json() -> None:
@@ -689,15 +690,32 @@ def assert_no_empty_deltas(out: bytes, received: bytes) -> None:
         assert all(t != "" for t in texts), msg.data
 
 
-@pytest.mark.parametrize("dialect", list(CASES))
-def test_sse_stream_split_at_every_byte(dialect: str) -> None:
+def _cuts_near_frames(stream: bytes, step: int) -> list[int]:
+    """Every `step`-th offset of `stream`, and every offset at or right after a line break (where
+    framing decides: inside `\n\n`, right before or after it)."""
+    near = {i + d for i, byte in enumerate(stream) if byte == 10 for d in (0, 1)}
+    return sorted({*range(0, len(stream) + 1, step), *(i for i in near if 0 <= i <= len(stream))})
+
+
+def check_split_in_two(dialect: str, step: int) -> None:
     stream = SHORT_CASES[dialect]
     whole = run(SseRestorer(R, DIALECTS[dialect]), [stream])
     CHECKS[dialect](whole, SHORT)
     assert_no_empty_deltas(whole, stream)
-    for i in range(len(stream) + 1):
+    for i in _cuts_near_frames(stream, step):
         # Event framing does not depend on where Envoy cut the body: the output is the same bytes.
         assert run(SseRestorer(R, DIALECTS[dialect]), [stream[:i], stream[i:]]) == whole, i
+
+
+@pytest.mark.parametrize("dialect", list(CASES))
+def test_sse_stream_split_in_two_anywhere_near_frames(dialect: str) -> None:
+    check_split_in_two(dialect, step=11)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dialect", list(CASES))
+def test_sse_stream_split_at_every_byte(dialect: str) -> None:
+    check_split_in_two(dialect, step=1)
 
 
 @pytest.mark.parametrize("dialect", list(CASES))
@@ -875,10 +893,11 @@ def test_a_body_nested_past_the_parser_is_restored_as_json_text() -> None:
     assert out == body.replace(PH[1].encode(), json.dumps(ORIG[1])[1:-1].encode())
 
 
-def test_a_last_event_without_its_blank_line_is_restored_as_text() -> None:
+def test_a_last_event_without_its_blank_line_is_restored_as_an_event() -> None:
+    """Read like any event (its channels, the gate), and still without the blank line."""
     sse_restorer = SseRestorer(R, DIALECTS["chat"])
     out = sse_restorer.feed(b'data: {"x": "' + PH[0].encode() + b'"}') + sse_restorer.finish()
-    assert out.decode() == 'data: {"x": "' + ORIG[0] + '"}'
+    assert out.decode() == 'data: {"x":"' + ORIG[0] + '"}'
 
 
 # --- the real SDKs read the restored streams ---------------------------------------------------

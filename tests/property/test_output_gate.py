@@ -1,0 +1,213 @@
+"""The output gate over streams cut anywhere: random model output holding catalog values, written
+in each dialect's stream shape, split into deltas of 1-7 characters across events, blocks, parts
+and channels, framed with any SSE line ending, ended normally, without the terminal event or
+without the last blank line, and handed over in chunks of 1-7 bytes, through the whole reply
+phase in-process (ext_proc.exchange.reply with ext_proc.restore.sse).
+
+Under `outputGate: deny` the stream ends with the error event and nothing recognisable reaches the
+client before it: no value, and no prefix of one beyond what docs/output-gate.md says may leave
+(the two letters of an IBAN's country); the catalog finds nothing in what arrived. Under `report`
+the stream arrives whole and the output record counts each distinct value exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ext_proc.detect.catalog.engine import Catalog
+from ext_proc.detect.findings import ALL_SETS
+from tests.support.fakes import EnvoyStream, FakeReceipts, chat, keyed, make_runtime
+from tests.support.streams import ENDINGS, LINE_ENDINGS, Script, client_texts, released, script
+
+
+def _luhn(body: str) -> str:
+    total = 0
+    for i, ch in enumerate(reversed(body)):
+        digit = int(ch) * (2 if i % 2 == 0 else 1)
+        total += digit - 9 if digit > 9 else digit
+    return body + str((10 - total % 10) % 10)
+
+
+_CARD = _luhn("453201511283036")
+# Invented values, one per kind, each read as exactly one finding of its kind.
+VALUES: dict[str, str] = {
+    "EMAIL": "orla.brennick@example.net",
+    "CREDIT_CARD": " ".join(_CARD[i : i + 4] for i in range(0, 16, 4)),
+    "AWS_ACCESS_KEY": "AKIAW4RQX7ZP2LK9VN3M",
+    "OPENAI_KEY": "sk-proj-" + "Qm7Tn2Vx9Lp4Rk8Wz3Hs6Jd1Fc5Gb0Ye7Ua2Xi9",
+    "GITHUB_TOKEN": "ghp_" + "R7t2Lm9Qx4Vn8Kp3Zw6Hs1Jd5Fc0Gb7Ye2Ua9Xi",
+    "IBAN": "GB33 BUKB 2020 1555 5555 55",
+    "PHONE": "+1 415-555-0178",
+}
+# How much of a value may reach the client before the error event (docs/output-gate.md).
+MAY_LEAVE = {"IBAN": 2}
+FILLER = ("please", "note", "the", "value", "below", "and", "keep", "it", "safe", "thanks", "ok")
+
+# Each dialect's joined channels: the channel names a text of it is written to, in turn (a
+# value cut between two of them is joined by the SDK: blocks, parts), and its JSON channels.
+TEXT_CHANNELS = {
+    "chat": [["content"], ["reasoning_content"], ["refusal"], ["audio"]],
+    "completions": [["text"]],
+    "responses": [["text:0", "text:1", "text:2"], ["summary:0", "summary:1"], ["transcript"], ["code"]],
+    "messages": [["text:0", "text:1", "text:2"], ["thinking:5", "thinking:6"]],
+}
+JSON_CHANNELS = {
+    "chat": ["tool:0", "function_call"],
+    "completions": [],
+    "responses": ["args:0"],
+    "messages": ["json:8"],
+}
+
+DENY = keyed("deny", "sk-deny", output_gate="deny")
+REPORT = keyed("report", "sk-report")
+PATHS = {
+    "chat": "/v1/chat/completions",
+    "completions": "/v1/completions",
+    "responses": "/v1/responses",
+    "messages": "/v1/messages",
+}
+CATALOG = Catalog.for_sets(ALL_SETS)
+
+
+def build(dialect: str, kinds: list[str], rng: random.Random) -> tuple[Script, dict[str, int]]:
+    """A script holding the values of `kinds` in random channels of `dialect`, cut into 1-7
+    character pieces (a joined channel moving to its next block or part at a random cut); and
+    the distinct values per kind it holds."""
+    pieces: Script = []
+    placed: dict[str, int] = {}
+    reached: dict[str, int] = {}  # per joined channel group, the block or part it has reached
+    for kind in kinds:
+        value = VALUES[kind]
+        placed[kind] = 1
+        words = [rng.choice(FILLER) for _ in range(rng.randint(0, 6))]
+        text = " ".join([*words, value, *[rng.choice(FILLER) for _ in range(rng.randint(0, 3))]]) + " "
+        use_json = JSON_CHANNELS[dialect] and rng.random() < 0.3
+        if use_json:
+            channels = [rng.choice(JSON_CHANNELS[dialect])]
+            text = json.dumps({"note": text}, ensure_ascii=rng.random() < 0.5)
+        else:
+            channels = rng.choice(TEXT_CHANNELS[dialect])
+        # A block or part never reopens: a later value starts in the one the group has reached.
+        at, turn = 0, reached.get(channels[0], 0)
+        while at < len(text):
+            size = rng.randint(1, 7)
+            channel = channels[min(turn, len(channels) - 1)]
+            pieces.append((channel, text[at : at + size]))
+            at += size
+            if len(channels) > 1 and rng.random() < 0.15:
+                turn += 1
+        reached[channels[0]] = min(turn, len(channels) - 1)
+        if use_json:
+            break  # one tool call per script: its JSON stays one document
+    return _ordered(dialect, pieces), placed
+
+
+def _ordered(dialect: str, pieces: Script) -> Script:
+    """Blocks and parts in the order the APIs send them (a block never reopens)."""
+    if dialect not in ("messages", "responses"):
+        return pieces
+    order: list[str] = []
+    for channel, _ in pieces:
+        if channel not in order:
+            order.append(channel)
+    return [(channel, text) for name in order for channel, text in pieces if channel == name]
+
+
+def chunks(data: bytes, rng: random.Random) -> list[bytes]:
+    out, at = [], 0
+    while at < len(data):
+        size = rng.randint(1, 7)
+        out.append(data[at : at + size])
+        at += size
+    return out
+
+
+def run(policy_key: str, dialect: str, raw: bytes, rng: random.Random) -> tuple[bytes, FakeReceipts]:
+    """The reply phase of one exchange: the request, then `raw` in 1-7 byte chunks."""
+    receipts = FakeReceipts()
+    stream = EnvoyStream(make_runtime(DENY, REPORT, receipts=receipts))
+    header = "x-api-key" if dialect == "messages" else "authorization"
+    value = policy_key if dialect == "messages" else f"Bearer {policy_key}"
+    stream.request_headers(
+        PATHS[dialect], headers=[(header, value)], route="anthropic" if dialect == "messages" else "openai"
+    )
+    stream.request_body(chat("hello"))
+    return stream.stream_reply(chunks(raw, rng)), receipts
+
+
+def output_counts(receipts: FakeReceipts) -> dict[str, int]:
+    found = [dict(r.counts) for r in receipts.receipts if r.decision == "output"]
+    return found[0] if found else {}
+
+
+CASES: dict[str, Any] = {
+    "dialect": st.sampled_from(sorted(PATHS)),
+    "kinds": st.lists(st.sampled_from(sorted(VALUES)), min_size=1, max_size=2, unique=True),
+    "newline": st.sampled_from(LINE_ENDINGS),
+    "ending": st.sampled_from(ENDINGS),
+    "seed": st.integers(0, 2**32 - 1),
+}
+
+
+def check_deny(dialect: str, kinds: list[str], newline: str, ending: str, seed: int) -> None:
+    rng = random.Random(seed)
+    pieces, _ = build(dialect, kinds, rng)
+    body, _ = run("sk-deny", dialect, script(dialect, pieces, newline=newline, ending=ending), rng)
+    texts, errored = client_texts(body)
+    assert errored, "the stream did not end with the error event"
+    for kind in kinds:
+        assert released(dialect, pieces, texts, VALUES[kind]) <= MAY_LEAVE.get(kind, 0), (
+            f"{kind}: a prefix left"
+        )
+    for channel, text in texts.items():
+        found = [f.kind for f in CATALOG.detect(text)]
+        assert not found, f"{channel}: the client got {found}"
+
+
+def check_report(dialect: str, kinds: list[str], newline: str, ending: str, seed: int) -> None:
+    rng = random.Random(seed)
+    pieces, placed = build(dialect, kinds, rng)
+    body, receipts = run("sk-report", dialect, script(dialect, pieces, newline=newline, ending=ending), rng)
+    _, errored = client_texts(body)
+    assert not errored
+    assert output_counts(receipts) == placed
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(**CASES)
+def test_deny_lets_nothing_recognisable_out(
+    dialect: str, kinds: list[str], newline: str, ending: str, seed: int
+) -> None:
+    check_deny(dialect, kinds, newline, ending, seed)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(**CASES)
+def test_report_counts_each_value_once(
+    dialect: str, kinds: list[str], newline: str, ending: str, seed: int
+) -> None:
+    check_report(dialect, kinds, newline, ending, seed)
+
+
+@pytest.mark.slow
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(**CASES)
+def test_deny_lets_nothing_recognisable_out_many(
+    dialect: str, kinds: list[str], newline: str, ending: str, seed: int
+) -> None:
+    check_deny(dialect, kinds, newline, ending, seed)
+
+
+@pytest.mark.slow
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(**CASES)
+def test_report_counts_each_value_once_many(
+    dialect: str, kinds: list[str], newline: str, ending: str, seed: int
+) -> None:
+    check_report(dialect, kinds, newline, ending, seed)
