@@ -8,6 +8,7 @@ import pytest
 import redis
 
 from ext_proc.detect.memo import MEMO
+from ext_proc.exchange.envelope import HEADER_MEMO
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.harness import RedisProcess, RunningStack, redis_server, running_stack
 
@@ -17,6 +18,7 @@ def _fresh_memo() -> None:
     """Each test starts with an empty detection memo: a test that changes a detector's limits
     (a timeout, a work bound) must not be answered from an earlier test's scan."""
     MEMO.clear()
+    HEADER_MEMO.clear()
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ without subjects under `failMode: open`, which is forwarded with the gap recorde
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import time
@@ -32,10 +33,11 @@ from ext_proc.restore.output_gate import OutputGate
 from ext_proc.restore.restorers import SurrogateRestorer
 from ext_proc.service import wire
 from ext_proc.storage.vault import SurrogateExhausted, SurrogateWanted, VaultError
+from ext_proc.transform.date_neighbours import move_neighbours
 from ext_proc.transform.egress import check_body
 from ext_proc.transform.grammar import own_placeholders_bytes, parse_placeholder
 from ext_proc.transform.placeholders import PseudonymMap
-from ext_proc.transform.surrogates import family_of
+from ext_proc.transform.surrogates import claim_form, family_of
 
 log = logging.getLogger("cordon.exchange")
 
@@ -84,8 +86,9 @@ async def claim_surrogates(
     runtime: Runtime, context: RequestContext, record: ExchangeRecord, body: bytes, *, offload: bool
 ) -> Claimed | Refusal:
     """`mode: surrogate`: claim a surrogate per distinct value in the tenant's registry, put the
-    surrogates where redaction wrote this request's placeholders, and, for a request that
-    declares subjects, check the final body again (a surrogate must not spell a declared
+    surrogates where redaction wrote this request's placeholders (an age or the date's year
+    written next to a date moved with it: ext_proc.transform.date_neighbours), and, for a request
+    that declares subjects, check the final body again (a surrogate must not spell a declared
     identifier). Redis failing, or no free surrogate: 503 `vault`, whatever failMode says."""
     pmap, policy = context.placeholders, context.policy
     wanted: dict[str, SurrogateWanted] = {}
@@ -108,6 +111,14 @@ async def claim_surrogates(
     finally:
         record.timings["surrogate_ms"] = round((time.perf_counter() - start) * 1000, 3)
     by_placeholder = {text: claimed[item].encode("ascii") for text, item in wanted.items()}
+    surrogates = {claimed[item]: item.original for item in wanted.values()}
+    dates = {text: (item.original, claimed[item]) for text, item in wanted.items() if item.family == "DATE"}
+    if dates:
+        # An age or the date's year written next to a date moves with it (one unit for restore).
+        moved, units = move_neighbours(body.decode("utf-8", "surrogateescape"), dates, dt.date.today())
+        body = moved.encode("utf-8", "surrogateescape")
+        taken = {claim_form(surrogate) for surrogate in surrogates}
+        surrogates.update((unit, meant) for unit, meant in units.items() if claim_form(unit) not in taken)
 
     def swap(m: regex.Match[bytes]) -> bytes:
         return by_placeholder.get(m.group(0).decode("ascii"), m.group(0))
@@ -115,7 +126,6 @@ async def claim_surrogates(
     # Surrogates need no escaping at any depth (ext_proc.transform.surrogates): a bytes
     # substitution is the same as writing them into the document.
     final = own_placeholders_bytes(pmap.nonce).sub(swap, body)
-    surrogates = {claimed[item]: item.original for item in wanted.values()}
     runtime.metrics.inc("cordon_surrogate_claims_total", len(claimed))
     subjects = context.subjects
     if subjects is not None:

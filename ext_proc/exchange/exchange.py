@@ -20,10 +20,11 @@ from ext_proc.exchange.context import RequestContext
 from ext_proc.exchange.headers import REMOVED_REQUEST_HEADERS, Headers, bearer_token
 from ext_proc.exchange.masking import mask_images
 from ext_proc.exchange.record import ExchangeRecord
+from ext_proc.exchange.refusals import refusal_for
 from ext_proc.exchange.reply import ReplyReader, open_reply, vault_lookup
-from ext_proc.exchange.request import finish_subject_body, request_body
+from ext_proc.exchange.request import after_masking, request_body
 from ext_proc.exchange.results import Forward, NeedsOcr, Refuse, Release
-from ext_proc.exchange.runtime import Runtime
+from ext_proc.exchange.runtime import BodyTooLarge, Runtime
 from ext_proc.restore.restorers import PseudonymRestorer
 from ext_proc.runtime.bootstrap import ADMIN_ROUTE
 from ext_proc.service import admin, wire
@@ -40,6 +41,10 @@ class Exchange:
         self.reply: ReplyReader | None = None
         # mode: surrogate: this request's surrogate → original, once claimed (never logged)
         self.surrogates: dict[str, str] = {}
+        # The request's header values (and `:path`) rewritten at admission, and the headers it
+        # drops besides the filter's own: sent with its headers.
+        self.set_headers: tuple[tuple[str, str], ...] = ()
+        self.remove_headers: tuple[str, ...] = REMOVED_REQUEST_HEADERS
 
     async def process(
         self, request: pb.ProcessingRequest, *, offload: bool = False
@@ -52,7 +57,7 @@ class Exchange:
             async for answer in self.on_request_body(bytes(request.request_body.body), offload):
                 yield answer
         elif phase == "response_headers":
-            yield self.on_response_headers(Headers.from_message(request.response_headers))
+            yield await self.on_response_headers(Headers.from_message(request.response_headers))
         elif phase == "response_body":
             body = request.response_body
             yield await self.on_response_body(bytes(body.body), body.end_of_stream, offload)
@@ -78,17 +83,22 @@ class Exchange:
                 store=runtime.receipts,
                 secret=runtime.receipt_secret,
             )
-        admission = admit(self.runtime, headers)
         record = self.record
+        admission = admit(self.runtime, headers, record)
         if not isinstance(admission, Admitted):
             record.policy, record.route, record.ref = admission.policy, admission.route, admission.ref
             return await self.commit(Refuse(admission.refusal))
         context = self.context = admission.context
         record.policy, record.route = context.policy, context.route
         record.ref = context.header.ref if context.header is not None else None
+        self.set_headers = admission.set_headers
+        self.remove_headers = (*REMOVED_REQUEST_HEADERS, *admission.removed)
         if admission.read_body:
-            return wire.request_headers(remove=REMOVED_REQUEST_HEADERS)
-        record.stage = admission.stage
+            return wire.request_headers(remove=self.remove_headers, set_headers=self.set_headers)
+        if admission.reported is not None:
+            record.report(admission.reported)
+        elif context.subjects is not None:
+            record.egress = "verified"  # no body: the path and headers, all that leaves, were read
         return await self.commit(Release("reported" if context.policy.report_only else "forwarded"))
 
     async def on_request_body(self, raw: bytes, offload: bool) -> AsyncIterator[pb.ProcessingResponse]:
@@ -103,11 +113,8 @@ class Exchange:
             # OCR budget (the pool's queue included) and a margin.
             yield wire.extend_timeout(min(MAX_MESSAGE_TIMEOUT, pool.budget + 10))
             masked = await mask_images(runtime, context, record, result.job)
-            if isinstance(masked, Refuse):
-                yield await self.commit(masked)
-                return
             yield await self.commit(
-                await runtime.maybe_offload(offload, finish_subject_body, context, record, masked)
+                await runtime.maybe_offload(offload, after_masking, context, record, masked)
             )
             return
         yield await self.commit(result, offload=offload)
@@ -125,14 +132,16 @@ class Exchange:
         """The request's answer, released only once its vault entries, surrogates and receipt are
         written (or refused when one of them cannot be)."""
         runtime, record, context = self.runtime, self.record, self.context
-        if isinstance(result, Forward) and result.decision == "forwarded" and context is not None:
+        if not isinstance(result, Refuse) and result.decision == "forwarded" and context is not None:
             result = await self._commit_values(context, result, offload)
+        if isinstance(result, Forward):
+            result = self._within_limit(result)
         if isinstance(result, Refuse):
             answer = commit.refused(record, result.refusal)
         elif isinstance(result, Release):
             record.decision = result.decision
             mode = wire.body_modes(wire.NONE, wire.NONE)
-            answer = wire.request_headers(remove=REMOVED_REQUEST_HEADERS, mode=mode)
+            answer = wire.request_headers(remove=self.remove_headers, set_headers=self.set_headers, mode=mode)
         else:
             record.decision = result.decision
             answer = wire.request_body(result.body)
@@ -142,18 +151,31 @@ class Exchange:
             record.finish()
         return answer
 
+    def _within_limit(self, result: Forward) -> Forward | Refuse:
+        """A body that grew past what Envoy takes (placeholders and surrogates are longer than
+        many values, masked images may be larger) is refused here, 413 in the provider's shape
+        with its receipt: handed to Envoy it would fail there, after a `forwarded` receipt."""
+        limit, body = self.runtime.max_body_bytes, result.body
+        if limit is None or body is None or len(body) <= limit:
+            return result
+        error = BodyTooLarge(
+            f"the request body would be {len(body)} bytes once redacted, more than the "
+            f"{limit} bytes this deployment forwards (MAX_BODY_BYTES); it was not forwarded"
+        )
+        return Refuse(refusal_for(error))
+
     async def _commit_values(
-        self, context: RequestContext, result: Forward, offload: bool
-    ) -> Forward | Refuse:
-        """Consistent pseudonyms into the vault; or, under `mode: surrogate`, surrogates claimed
-        in place of this request's placeholders."""
+        self, context: RequestContext, result: Forward | Release, offload: bool
+    ) -> Forward | Release | Refuse:
+        """Consistent pseudonyms into the vault (those of the headers too); or, under `mode:
+        surrogate`, surrogates claimed in place of this request's placeholders in its body."""
         pmap = context.placeholders
         if not pmap:
             return result
         if isinstance(pmap, PseudonymMap):
             refusal = await commit.write_pseudonyms(self.runtime, context, self.record)
             return result if refusal is None else Refuse(refusal)
-        if context.uses_surrogates and result.body is not None:
+        if context.uses_surrogates and isinstance(result, Forward) and result.body is not None:
             claimed = await commit.claim_surrogates(
                 self.runtime, context, self.record, result.body, offload=offload
             )
@@ -165,8 +187,13 @@ class Exchange:
 
     # --- the reply ------------------------------------------------------------------------------
 
-    def on_response_headers(self, headers: Headers) -> pb.ProcessingResponse:
+    async def on_response_headers(self, headers: Headers) -> pb.ProcessingResponse:
         answer, self.reply = open_reply(self.context, self.record, self.surrogates, headers)
+        reader = self.reply
+        if reader is not None and reader.gate is not None and reader.take_finished():
+            # A reply the gate cannot read: refused (deny) or counted (report) already, unread.
+            await commit.seal_output(self.runtime, self.record, reader.gate, denied=reader.denied)
+            self.reply = None
         return answer
 
     async def on_response_body(

@@ -61,6 +61,12 @@ class ExchangeRecord:
         if refusal.stage == "egress":
             self.egress = "refused"
 
+    def report(self, refusal: Refusal) -> None:
+        """reportOnly: the refusal enforcement would have made, recorded; the request goes on."""
+        self.stage = refusal.stage
+        if refusal.stage == "egress":
+            self.egress = "refused"
+
     def timed(self, name: str, start: float) -> None:
         """Record the milliseconds since `start` under `name` (added to an earlier figure)."""
         ms = round((time.perf_counter() - start) * 1000, 3)

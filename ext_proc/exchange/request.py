@@ -4,7 +4,8 @@ A request without declared subjects is redacted with the tenant's catalog; a det
 follows `failMode` (closed: 503; open: forwarded, the gap recorded). A request that declares
 subjects gets the media policy first (block refuses; mask hands its images to OCR, `NeedsOcr`),
 then redaction and the egress check, and any failure refuses it whatever `failMode` says. Under
-`reportOnly` the pipeline runs for its record and the original body goes upstream unchanged.
+`reportOnly` the whole pipeline runs (images masked too) for its record: the counts, the egress
+verdict and the stage it would have refused at; the original body goes upstream unchanged.
 """
 
 from __future__ import annotations
@@ -37,12 +38,29 @@ def request_body(runtime: Runtime, context: RequestContext, record: ExchangeReco
         result = Refuse(refusal)
     except BodyError as error:
         result = Refuse(refusal_for(error))
+    return result if isinstance(result, NeedsOcr) else reported(context, record, result)
+
+
+def reported(context: RequestContext, record: ExchangeRecord, result: Forward | Refuse) -> Forward | Refuse:
+    """Under reportOnly, the verdict recorded and the original body forwarded; else `result`."""
     if not context.policy.report_only:
         return result
-    # reportOnly: the verdict is recorded, the original body forwarded.
     if isinstance(result, Refuse):
-        record.stage = result.refusal.stage
+        record.report(result.refusal)
     return Forward("reported")
+
+
+def after_masking(
+    context: RequestContext, record: ExchangeRecord, masked: MaskJob | Refuse
+) -> Forward | Refuse:
+    """A subject request whose images were masked (or could not be): redacted and checked."""
+    if isinstance(masked, Refuse):
+        return reported(context, record, masked)
+    try:
+        result = finish_subject_body(context, record, masked)
+    except Refusal as refusal:
+        result = Refuse(refusal)
+    return reported(context, record, result)
 
 
 def _read(runtime: Runtime, context: RequestContext, record: ExchangeRecord, raw: bytes) -> BodyResult:

@@ -18,24 +18,27 @@ to the next candidate. What each family writes (and so keeps of the original, on
               13 geographic ranges) for +44 and for national numbers with a trunk 0 (`07911 …`);
               written into the original's digit layout when the digit counts agree, else in a
               standard layout. Keeps whether it was NANP / UK-like / other, and the layout.
-    DATE      the original shifted by one per-tenant constant (`date_shift_days`: 1 to 10 years
-              either way), written in the original's format (ISO, numeric D/M/Y or M/D/Y,
-              spelled months, ordinals, 2- or 4-digit years): keeps every interval between dates
-              and the calendar shape (a later attempt, after a clash, moves one more day per
-              attempt). Numeric dates are read day-first with dots, else month-first unless the
-              first field exceeds 12 (an ambiguous `03/04/1986` meant day-first is shifted as
-              4 March: one constant shift of what is written, not of the date meant). An
-              unreadable date gets a TOKEN.
+    DATE      the original shifted by one per-tenant constant (`date_shift_days`: 53 to 520
+              whole weeks either way), written in the original's format (ISO, numeric D/M/Y or
+              M/D/Y, spelled months, ordinals, 2- or 4-digit years): keeps every interval between
+              dates, the weekday and the calendar shape (a later attempt, after a clash, moves one
+              more week per attempt). Numeric dates are read day-first with dots, else
+              month-first unless the first field exceeds 12 (an ambiguous `03/04/1986` meant
+              day-first is shifted as 4 March: one constant shift of what is written, not of the
+              date meant). An unreadable date gets a TOKEN. An age or the date's year written
+              right next to it moves with it (ext_proc.transform.date_neighbours).
     SSN       TOKEN with area 9xx (never issued as an SSN).
     CREDIT_CARD  TOKEN starting with 0 (major industry identifier 0: no card network issues it),
               Luhn check digit fixed so it looks like a card.
     IBAN      TOKEN keeping the two-letter country, with a mod-97 check that fails (never an account).
-    IP        IPv4 in the documentation ranges (192.0.2.0/24, 198.51.100.0/24, 203.0.113.0/24);
-              IPv6 in 2001:db8::/32.
+    IP        IPv4 in the documentation ranges (192.0.2.0/24, 198.51.100.0/24, 203.0.113.0/24),
+              hosts .20 to .254; IPv6 in 2001:db8::/32.
     TOKEN     every other kind (ADDRESS, ID, HANDLE, OTHER, secrets, HIGH_ENTROPY, …): the same
               length, each character replaced by a random one of its class (digit, lower, upper;
               other letters by case); separators kept. Keeps the shape (length, grouping, which
-              positions are digits), nothing of the characters.
+              positions are digits), nothing of the characters; except that a shape carrying
+              fewer than MIN_TOKEN_BITS (an id of two digits) is lengthened until it does, so the
+              surrogate cannot be a number or word the model writes on its own.
 
 Every surrogate is printable ASCII without `"`, `\\`, `<` or `>`, so it can be put in place of a
 placeholder in serialised JSON at any nesting depth (tool-call arguments) without escaping, and
@@ -48,8 +51,10 @@ import contextlib
 import datetime as dt
 import hashlib
 import hmac
+import math
 import unicodedata
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import phonenumbers
 import regex
@@ -64,6 +69,10 @@ def _words(text: str) -> tuple[str, ...]:
 
 SURROGATE_DOMAIN = "example.invalid"
 MAX_ATTEMPTS = 64  # candidates tried per value before the claim gives up (503, fail closed)
+# A TOKEN surrogate carries at least this many random bits (8 digits, or 6 letters): shorter, the
+# model could write it on its own (see `_distinct_token`).
+MIN_TOKEN_BITS = 24
+MIN_TOKEN_LETTERS = 6
 
 GIVEN_NAMES: tuple[str, ...] = _words(
     """Adaeze Adrian Agnieszka Aiko Alejandro Alessia Amara Anders Anouk Anselm Arjun Astrid
@@ -206,9 +215,13 @@ class _Stream:
 
 
 def date_shift_days(key: bytes) -> int:
-    """The tenant's one date shift: ±(1 to 10 years) in days, never less than a year either way."""
-    raw = int.from_bytes(hmac.new(key, b"cordon/surrogate/date-shift/v1", hashlib.sha256).digest()[:8], "big")
-    days = 365 + raw % (3650 - 365)
+    """The tenant's one date shift: ±(53 to 520 weeks) in days, never less than a year either way.
+
+    Whole weeks, so a shifted date falls on the weekday the original did: a weekday written next
+    to a date ("Monday, 14 July 1986"), or one the model works out, tells nothing of the shift.
+    """
+    raw = int.from_bytes(hmac.new(key, b"cordon/surrogate/date-shift/v2", hashlib.sha256).digest()[:8], "big")
+    days = 7 * (53 + raw % (521 - 53))
     return days if raw >> 63 else -days
 
 
@@ -217,12 +230,14 @@ def date_shift_days(key: bytes) -> int:
 _DIGITS = "0123456789"
 _LOWER = "abcdefghijklmnopqrstuvwxyz"
 _UPPER = _LOWER.upper()
+_DIGIT_BITS = math.log2(10)
+_LETTER_BITS = math.log2(26)
 
 
 def _token(stream: _Stream, original: str) -> str:
     if not any(ch.isalnum() for ch in original):
         # Nothing to keep the shape of (only punctuation): a short random word instead.
-        return "".join(stream.pick(_LOWER) for _ in range(max(4, min(len(original), 16))))
+        return "".join(stream.pick(_LOWER) for _ in range(max(MIN_TOKEN_LETTERS, min(len(original), 16))))
     out = []
     for ch in original:
         if ch.isdigit():
@@ -255,6 +270,30 @@ def _luhn_check_digit(payload: str) -> str:
                 d -= 9
         total += d
     return str((10 - total % 10) % 10)
+
+
+def _bits(text: str) -> float:
+    """How many random bits a token's letters and digits carry (a digit ~3.3, a letter ~4.7)."""
+    return sum(_DIGIT_BITS if ch.isdigit() else _LETTER_BITS for ch in text if ch.isalnum())
+
+
+def _distinct_token(stream: _Stream, original: str) -> str:
+    """A TOKEN surrogate: the original's shape (`_token`), lengthened when that shape is too short
+    to be told from the model's own text. Restore reads a surrogate wherever it stands alone, so
+    a two-digit id with a two-digit surrogate would turn every such number of the reply (a count,
+    a list's numbering) into the id; below MIN_TOKEN_BITS the last letter-or-digit run is
+    extended with characters of its own class until the surrogate carries that many."""
+    text = _token(stream, original)
+    if _bits(text) >= MIN_TOKEN_BITS:
+        return text
+    # After the last letter or digit (the end when there is none: `¼` writes as `-`).
+    end = next((i + 1 for i in range(len(text) - 1, -1, -1) if text[i].isalnum()), len(text))
+    last = text[end - 1] if end else ""
+    alphabet, bits = (
+        (_DIGITS, _DIGIT_BITS) if last.isdigit() else (_UPPER if last.isupper() else _LOWER, _LETTER_BITS)
+    )
+    extra = math.ceil((MIN_TOKEN_BITS - _bits(text)) / bits)
+    return text[:end] + "".join(stream.pick(alphabet) for _ in range(extra)) + text[end:]
 
 
 def _card(stream: _Stream, original: str) -> str:
@@ -294,7 +333,8 @@ def _ip(stream: _Stream, original: str) -> str:
     if ":" in original:
         groups = ":".join(f"{stream.below(0x10000):x}" for _ in range(6))
         return f"2001:db8:{groups}"
-    return f"{stream.pick(DOC_NETS_V4)}.{1 + stream.below(254)}"
+    # Hosts from 20: the low ones (.1, .5, .10) are what a model writes in its own examples.
+    return f"{stream.pick(DOC_NETS_V4)}.{20 + stream.below(235)}"
 
 
 def _name(stream: _Stream, original: str) -> str:
@@ -411,15 +451,29 @@ def _month_name(month: int, like: str) -> str:
     return word
 
 
-def shift_date(original: str, days: int, today_year: int | None = None) -> str | None:
-    """The date written in `original` moved by `days`, in the same written form; None when
-    `original` is not one of the forms read here (or not a calendar date)."""
+@dataclass(frozen=True, slots=True)
+class WrittenDate:
+    """A date as `read_date` found it written: its form, the match, the date, and whether a
+    numeric form was read day-first."""
+
+    form: str
+    match: regex.Match[str]
+    date: dt.date
+    day_first: bool
+
+
+def read_date(
+    text: str, today_year: int | None = None, *, day_first: bool | None = None
+) -> WrittenDate | None:
+    """The date `text` writes, in one of the forms above; None when it is none of them (or not a
+    calendar date). `day_first` imposes a numeric form's reading (a surrogate is read as its
+    original was)."""
     this_year = today_year if today_year is not None else dt.date.today().year
-    text = original.strip()
     for form, pattern in _DATE_FORMS:
-        m = pattern.fullmatch(text)
+        m = pattern.fullmatch(text.strip())
         if m is None:
             continue
+        first = False
         try:
             if form == "ymd":
                 date = dt.date(int(m["y"]), int(m["m"]), int(m["d"]))
@@ -427,37 +481,50 @@ def shift_date(original: str, days: int, today_year: int | None = None) -> str |
                 a, b = int(m["a"]), int(m["b"])
                 # Dots are day-first (14.07.1986); otherwise month-first (07/14/1986) unless the
                 # first field cannot be a month.
-                day_first = a > 12 or (m["s"] == "." and b <= 12)
-                month, day = (b, a) if day_first else (a, b)
+                first = day_first if day_first is not None else a > 12 or (m["s"] == "." and b <= 12)
+                month, day = (b, a) if first else (a, b)
                 date = dt.date(_year(m["y"], this_year), month, day)
             else:
                 month = next(
                     i for i, name in enumerate(_MONTHS, 1) if name.startswith(m["month"].lower()[:3])
                 )
                 date = dt.date(_year(m["y"], this_year), month, int(m["d"]))
-            new = date + dt.timedelta(days=days)
-        except (ValueError, OverflowError):
+        except ValueError:
             return None
-        if form == "ymd":
-            out = f"{new.year:04d}{m['s']}{_pad(new.month, m['m'])}{m['s']}{_pad(new.day, m['d'])}"
-        elif form == "num":
-            first, second = (new.day, new.month) if day_first else (new.month, new.day)
-            y = _write_year(new.year, m["y"])
-            out = f"{_pad(first, m['a'])}{m['s']}{_pad(second, m['b'])}{m['s']}{y}"
-        else:
-            name = _month_name(new.month, m["month"]) + (m["dot"] or "")
-            written = _pad(new.day, m["d"], numeric=False) + (_ordinal(new.day) if m["ord"] else "")
-            if m["ord"] and m["ord"].isupper():
-                written = written.upper()
-            y = _write_year(new.year, m["y"])
-            out = (
-                f"{name}{m['s1']}{written}{m['s2']}{y}"
-                if form == "mdy"
-                else f"{written}{m['s1']}{name}{m['s2']}{y}"
-            )
-        lead = original[: len(original) - len(original.lstrip())]
-        return lead + out + original[len(original.rstrip()) :]
+        return WrittenDate(form, m, date, first)
     return None
+
+
+def shift_date(original: str, days: int, today_year: int | None = None) -> str | None:
+    """The date written in `original` moved by `days`, in the same written form; None when
+    `original` is not one of the forms read here (or not a calendar date)."""
+    written = read_date(original, today_year)
+    if written is None:
+        return None
+    form, m = written.form, written.match
+    try:
+        new = written.date + dt.timedelta(days=days)
+    except OverflowError:
+        return None
+    if form == "ymd":
+        out = f"{new.year:04d}{m['s']}{_pad(new.month, m['m'])}{m['s']}{_pad(new.day, m['d'])}"
+    elif form == "num":
+        first, second = (new.day, new.month) if written.day_first else (new.month, new.day)
+        y = _write_year(new.year, m["y"])
+        out = f"{_pad(first, m['a'])}{m['s']}{_pad(second, m['b'])}{m['s']}{y}"
+    else:
+        name = _month_name(new.month, m["month"]) + (m["dot"] or "")
+        written_day = _pad(new.day, m["d"], numeric=False) + (_ordinal(new.day) if m["ord"] else "")
+        if m["ord"] and m["ord"].isupper():
+            written_day = written_day.upper()
+        y = _write_year(new.year, m["y"])
+        out = (
+            f"{name}{m['s1']}{written_day}{m['s2']}{y}"
+            if form == "mdy"
+            else f"{written_day}{m['s1']}{name}{m['s2']}{y}"
+        )
+    lead = original[: len(original) - len(original.lstrip())]
+    return lead + out + original[len(original.rstrip()) :]
 
 
 _GENERATORS: dict[str, Callable[[_Stream, str], str]] = {
@@ -480,10 +547,11 @@ def candidate(key: bytes, family: str, original: str, attempt: int) -> str:
     stream = _Stream(key, family, original, attempt)
     text: str | None = None
     if family == "DATE":
-        # Later attempts (only after a clash with another family's token) move one day further.
-        text = shift_date(original, date_shift_days(key) + attempt)
+        # Later attempts (only after a clash with another family's token) move one week further:
+        # the weekday still holds.
+        text = shift_date(original, date_shift_days(key) + 7 * attempt)
     if text is None:
-        generator = _GENERATORS.get(family, _token)
+        generator = _GENERATORS.get(family, _distinct_token)
         text = generator(stream, original)
     if claim_form(text) == claim_form(original) or not text.strip():
         return ""

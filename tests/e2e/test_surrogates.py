@@ -14,6 +14,7 @@ refused at start.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from ext_proc.detect.normalize import fold
 from ext_proc.detect.subjects.header import encode_subject_header
 from ext_proc.storage.vault import derive_keys
 from ext_proc.transform.surrogates import FAMILY_NAMES, GIVEN_NAMES, SURROGATE_DOMAIN, date_shift_days
+from tests.e2e import test_restore_context as context
 from tests.e2e.test_pseudonyms import ask
 from tests.support.e2e import PERSON, SAMPLES, SENTENCE, chat_body, last_sent, leaked, request
 from tests.support.fake_upstream import ECHO_PREFIX
@@ -161,12 +163,82 @@ def test_the_output_gate_does_not_count_surrogates(fresh: RunningStack, dialect:
     assert answer.text == ECHO_PREFIX + SENTENCE
     answer = ask(fresh, dialect, SENTENCE, stream=stream, tenant="surrogate-deny", reply=reply)
     assert answer.text == reply
-    headers = {
-        "authorization": f"Bearer {KEYS['surrogate-deny']}",
-        "x-fake-reply": "write to real.person@example.org",
-    }
-    refused = request(fresh.settings.listen_port, "POST", CHAT, chat_body("hi"), headers)
+    # Told in-process: in a request header, the address would be read and rewritten first.
+    fresh.upstream.set_behaviour(reply="write to real.person@example.org")
+    headers = {"authorization": f"Bearer {KEYS['surrogate-deny']}"}
+    try:
+        refused = request(fresh.settings.listen_port, "POST", CHAT, chat_body("hi"), headers)
+    finally:
+        fresh.upstream.reset_behaviour()
     assert refused.status == 422 and "EMAIL" in refused.body.decode()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_structured_output_reads_back_exactly_the_values(
+    fresh: RunningStack, dialect: str, stream: bool
+) -> None:
+    """The model writes the surrogates into JSON (structured output, and the same card as JSON
+    text in a tool call's arguments): the originals, with their quotes and backslashes, go in
+    escaped for where each surrogate sat; `json.loads` reads back exactly the values."""
+    card = json.dumps(context.CARD)
+    answer = context.ask(fresh, dialect, card, stream=stream, tenant="surrogate")
+    sent = alnum(last_sent(fresh))
+    for i, value in enumerate(context.LINES):
+        assert alnum(value) not in sent, f"line {i} went upstream"
+    assert context.differing(json.loads(answer.text), context.EXPECTED) == []
+    answer = context.ask(fresh, dialect, card, stream=stream, tenant="surrogate", tool=True)
+    inner = json.loads(json.loads(answer.args)["text"])
+    assert context.differing(inner, context.EXPECTED) == []
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_a_short_id_gets_a_surrogate_no_number_of_the_reply_is_mistaken_for(
+    fresh: RunningStack, dialect: str, stream: bool
+) -> None:
+    """A declared two-digit id: its surrogate is long enough that the model's own numbers (a
+    count, a list's numbering) are never taken for it and "restored" into the id."""
+    short = "73"
+    subject = {"ref": "case-short", "subjects": [{"ids": [short]}]}
+    counts = " ".join(str(n) for n in range(100) if str(n) != short)
+    fresh.upstream.set_behaviour(reply=f"Ticket {{{{said}}}}: steps {counts}.")
+    try:
+        answer = context.ask(
+            fresh, dialect, None, stream=stream, tenant="surrogate", subject=subject, prompt=short
+        )
+    finally:
+        fresh.upstream.reset_behaviour()
+    sent = fresh.upstream.received[-1].json()
+    said = sent["input"] if dialect == "responses" else sent["messages"][0]["content"]
+    assert said.isdigit() and len(said) >= 8  # the surrogate: a number, of at least 8 digits
+    assert answer.text == f"Ticket {short}: steps {counts}."
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_a_shifted_date_keeps_its_weekday_and_moves_the_age_beside_it(
+    fresh: RunningStack, dialect: str, stream: bool
+) -> None:
+    """Neither the weekday written next to a declared date nor the age beside it tells the
+    upstream the tenant's shift: the weekday still holds for the surrogate date, the age is the
+    one the surrogate date gives today; the caller reads back exactly what it sent."""
+    born = dt.date(1986, 7, 14)  # a Monday
+    today = dt.date.today()
+    age = today.year - born.year - ((today.month, today.day) < (born.month, born.day))
+    prompt = f"Born Monday, 14 July 1986, aged {age}."
+    subject = {"ref": "case-dob", "subjects": [{"dates": ["1986-07-14"]}]}
+    echo = ECHO_PREFIX + "{{said}}"
+    answer = context.ask(
+        fresh, dialect, echo, stream=stream, tenant="surrogate", subject=subject, prompt=prompt
+    )
+    assert answer.text == ECHO_PREFIX + prompt
+    found = re.search(r"Born Monday, ([0-9]{1,2} [A-Za-z]+ [0-9]{4}), aged ([0-9]+)\.", last_sent(fresh))
+    assert found is not None, "the date and age are not where they were written"
+    shifted = dt.datetime.strptime(found.group(1), "%d %B %Y").date()
+    assert shifted != born and shifted.weekday() == born.weekday() == 0
+    new_age = today.year - shifted.year - ((today.month, today.day) < (shifted.month, shifted.day))
+    assert int(found.group(2)) == new_age != age
 
 
 def test_redis_holds_no_value(fresh: RunningStack) -> None:

@@ -10,6 +10,7 @@ import asyncio
 import datetime as dt
 import ipaddress
 import json
+import math
 import string
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -38,11 +39,13 @@ from ext_proc.storage.vault import (
     surrogate_entry,
     surrogate_id,
 )
+from ext_proc.transform.date_neighbours import full_years, move_neighbours
 from ext_proc.transform.placeholders import PlaceholderMap
 from ext_proc.transform.surrogates import (
     FAMILY_NAMES,
     GIVEN_NAMES,
     MAX_ATTEMPTS,
+    MIN_TOKEN_BITS,
     NANP_AREAS,
     SURROGATE_DOMAIN,
     UK_DRAMA,
@@ -153,6 +156,7 @@ def test_catalog_kinds_get_never_issued_or_documentation_values() -> None:
         assert any(
             v4 in ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24")
         )
+        assert int(str(v4).rsplit(".", 1)[1]) >= 20  # not the hosts a model writes in examples
         v6 = ipaddress.ip_address(candidate(KEY, "IP", "fe80::1", attempt))
         assert v6 in ipaddress.ip_network("2001:db8::/32")
 
@@ -176,23 +180,54 @@ def test_a_candidate_is_safe_ascii_and_never_the_original(family: str, original:
     assert text == candidate(KEY, family, original, attempt)  # a pure function
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.text(alphabet=string.ascii_letters + string.digits + "-_.", min_size=8, max_size=60))
-def test_a_token_keeps_length_separators_and_character_classes(secret: str) -> None:
+def bits(text: str) -> float:
+    return sum(math.log2(10) if c.isdigit() else math.log2(26) for c in text if c.isalnum())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=string.ascii_letters + string.digits + "-_.", min_size=1, max_size=60))
+def test_a_token_keeps_separators_and_character_classes_and_is_never_short(secret: str) -> None:
+    """The shape is kept (length, separators, which positions are digits or which case); a shape
+    carrying fewer than MIN_TOKEN_BITS is lengthened after its last letter or digit, with
+    characters of that one's class, until it carries them."""
     token = candidate(KEY, "TOKEN:HIGH_ENTROPY", secret, 0)
     if token == "":
         return  # drawn as itself: the claim takes the next attempt
-    assert len(token) == len(secret)
-    for a, b in zip(secret, token, strict=True):
+    assert bits(token) >= MIN_TOKEN_BITS
+    if not any(c.isalnum() for c in secret):
+        assert token.isalpha()  # no shape to keep: a random word
+        return
+    if bits(secret) >= MIN_TOKEN_BITS:
+        assert len(token) == len(secret)
+    extra = len(token) - len(secret)
+    end = max((i + 1 for i, c in enumerate(secret) if c.isalnum()), default=len(secret))
+    shape = token[:end] + token[end + extra :]
+    for a, b in zip(secret, shape, strict=True):
         assert a.isdigit() == b.isdigit() and a.isupper() == b.isupper() and a.islower() == b.islower()
         if not a.isalnum():
             assert a == b
+    if extra and end and secret[end - 1].isdigit():
+        assert token[end : end + extra].isdigit()
 
 
-def test_the_date_shift_is_per_tenant_constant_and_never_small() -> None:
-    shifts = {date_shift_days(derive_keys(SECRET, t).pseudonym) for t in ("acme", "beta", "gamma", "delta")}
+@pytest.mark.parametrize("value", ["42", "7", "ab", "Q7", "A-1", "x.", "¼", "--", "4471", "K-77"])
+def test_a_short_value_gets_a_surrogate_the_model_would_not_write(value: str) -> None:
+    """A two-digit id with a two-digit surrogate would make every such number of the reply (a
+    count, a list's numbering) come back as the id: short shapes are lengthened."""
+    for attempt in range(10):
+        token = candidate(KEY, "TOKEN:SUBJECT_ID", value, attempt)
+        assert bits(token) >= MIN_TOKEN_BITS, attempt
+        if value.isdigit():
+            assert token.isdigit() and len(token) >= 8
+        assert set(token) <= SAFE
+
+
+def test_the_date_shift_is_per_tenant_constant_whole_weeks_and_never_small() -> None:
+    tenants = ("acme", "beta", "gamma", "delta", *(f"t{i}" for i in range(40)))
+    shifts = {date_shift_days(derive_keys(SECRET, t).pseudonym) for t in tenants}
     assert len(shifts) > 1
-    assert all(365 <= abs(s) < 3650 for s in shifts)
+    assert all(365 <= abs(s) < 3650 and s % 7 == 0 for s in shifts)
+    assert any(s < 0 for s in shifts) and any(s > 0 for s in shifts)
     assert date_shift_days(KEY) == date_shift_days(derive_keys(SECRET, "acme").pseudonym)
 
 
@@ -241,8 +276,69 @@ def test_intervals_between_dates_survive(a: dt.date, b: dt.date, form: str) -> N
     da, db = parse_form(form, sa), parse_form(form, sb)
     assert (db - da) == (b - a)
     assert (da - a).days == shift
+    assert da.weekday() == a.weekday()  # a weekday written or worked out tells nothing of the shift
     if a != b:
         assert sa != sb
+
+
+# --- an age or year next to a date moves with it ----------------------------------------------------
+
+DOB = "<SUBJECT1_DOB_0123abcd_1>"
+TODAY = dt.date(2026, 5, 1)
+
+
+def moved(text: str, original: str = "1986-07-14", days: int = -7 * 366) -> tuple[str, dict[str, str]]:
+    surrogate = shift_date(original, days)
+    assert surrogate is not None
+    return move_neighbours(text, {DOB: (original, surrogate)}, TODAY)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (f"born {DOB}, aged 39 and well", f"born {DOB}, aged 46 and well"),
+        (f"a 39-year-old, born {DOB}.", f"a 46-year-old, born {DOB}."),
+        (f"age: 39, DOB: {DOB}", f"age: 46, DOB: {DOB}"),
+        (f"{DOB} (39)", f"{DOB} (46)"),
+        (f"{DOB}, 39 years old", f"{DOB}, 46 years old"),
+        (f"{DOB} (1986)", f"{DOB} (1979)"),
+        (f"{DOB} 2004", f"{DOB} 2004"),  # another year: not the date's
+        (f"{DOB} and 12 more words then aged 39", f"{DOB} and 12 more words then aged 39"),
+        (f"Room 39 is where {DOB} was", f"Room 39 is where {DOB} was"),
+    ],
+)
+def test_an_age_or_the_dates_year_right_next_to_a_date_moves_with_it(text: str, expected: str) -> None:
+    out, _ = moved(text)
+    assert out == expected
+
+
+def test_the_moved_age_is_the_one_the_shifted_date_gives() -> None:
+    """Whatever the shift: the age next to the surrogate is the one the surrogate date gives
+    today (so the pair reveals nothing), and the date with its age is one unit for restore."""
+    original = dt.date(1986, 7, 14)
+    for days in (-3640, -371, -7 * 200, 371, 7 * 300):
+        surrogate = shift_date("1986-07-14", days)
+        assert surrogate is not None
+        age = full_years(original, TODAY)
+        out, units = moved(f"born {DOB}, aged {age}", days=days)
+        new_age = full_years(original + dt.timedelta(days=days), TODAY)
+        assert out == f"born {DOB}, aged {new_age}"
+        assert units == {f"{surrogate}, aged {new_age}": f"1986-07-14, aged {age}"}
+        r = SurrogateRestorer({surrogate: "1986-07-14", **units}, "0123abcd")
+        reply = f"Born {surrogate}, aged {new_age}. On {surrogate}, aged x. On {surrogate}"
+        expected = f"Born 1986-07-14, aged {age}. On 1986-07-14, aged x. On 1986-07-14"
+        assert r.restore_text(reply) == expected
+        # Streamed, cut anywhere: the date alone is held while the unit could still follow.
+        for i in range(len(reply) + 1):
+            for j in range(i, len(reply) + 1, 7):
+                stream = StreamRestorer(r)
+                parts = (reply[:i], reply[i:j], reply[j:])
+                assert "".join(stream.feed(part) for part in parts) + stream.flush() == expected, (i, j)
+
+
+def test_a_date_that_is_not_read_moves_nothing() -> None:
+    out, units = move_neighbours(f"{DOB}, aged 39", {DOB: ("sometime", "Xkqz")}, TODAY)
+    assert out == f"{DOB}, aged 39" and units == {}
 
 
 # --- the registry (a real Redis) ------------------------------------------------------------------
@@ -494,6 +590,21 @@ def test_sse_in_every_dialect_restores_split_surrogates(dialect: str, chunk: int
     out = b"".join(restorer_sse.feed(raw[i : i + chunk]) for i in range(0, len(raw), chunk))
     out += restorer_sse.finish()
     assert delta_text(dialect, out) == RESTORED
+
+
+def test_surrogates_in_structured_output_and_nested_arguments_read_back_exactly() -> None:
+    """A surrogate is plain ASCII, but its original may hold quotes: written JSON-escaped where the
+    surrogate sat in a JSON string, once per level, streamed at every cut or not."""
+    doc = json.dumps({"to": "nadia.okafor07@example.invalid", "who": ["Nadia Okafor"]})
+    args = json.dumps({"text": doc})
+    expected = {"to": 'mq"quoted"@example.com', "who": ["Marisol Quintero-Vance"]}
+    assert json.loads(restorer().restore_text(doc)) == expected
+    assert json.loads(json.loads(restorer().restore_text(args, json_escaped=True))["text"]) == expected
+    for text, escaped in ((doc, False), (args, True)):
+        whole = restorer().restore_text(text, json_escaped=escaped)
+        for i in range(len(text) + 1):
+            stream = StreamRestorer(restorer(), json_escaped=escaped)
+            assert stream.feed(text[:i]) + stream.feed(text[i:]) + stream.flush() == whole, i
 
 
 def test_an_empty_request_map_restores_nothing() -> None:

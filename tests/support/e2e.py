@@ -76,7 +76,8 @@ def request(
     timeout: float = 15.0,
 ) -> Reply:
     """Raw HTTP/1.1 with the path sent exactly as given (no client-side normalisation). `headers`
-    as a list of pairs may name a header more than once."""
+    as a list of pairs may name a header more than once; a `host` among them replaces the
+    client's own."""
     if isinstance(body, dict):
         body = json.dumps(body)
     if isinstance(body, str):
@@ -89,7 +90,9 @@ def request(
         pairs.append(("content-length", str(len(body or b""))))
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
-        connection.putrequest(method, path, skip_accept_encoding="accept-encoding" in names)
+        connection.putrequest(
+            method, path, skip_host="host" in names, skip_accept_encoding="accept-encoding" in names
+        )
         for name, value in pairs:
             connection.putheader(name, value)
         connection.endheaders(body)

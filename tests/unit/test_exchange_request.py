@@ -32,7 +32,10 @@ KEYS = {
 SUBJECT = encode_subject_header({"ref": "case-7", "subjects": [PERSON]})
 # Runs away under a tiny regex budget (the catalog's own adversarial input).
 ADVERSARIAL = ("1 2-3." * 50_000) + ("a@" * 50_000) + ("x" * 100_000)
-IMAGE: dict[str, Any] = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+IMAGE: dict[str, Any] = {
+    "type": "image_url",
+    "image_url": {"url": "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAAB"},
+}
 
 
 def admitted(receipts: FakeReceipts, tenant: str = "acme", *extra: tuple[str, str]) -> EnvoyStream:
