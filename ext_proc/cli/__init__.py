@@ -1,2 +1,1 @@
-"""Command-line tools beside `serve`: `scan` (the detectors on a platform team's own samples).
-"""
+"""Command-line tools beside `serve`: `scan` (the detectors on a platform team's own samples)."""
