@@ -18,6 +18,7 @@ from typing import Any
 
 from ext_proc.detect.catalog.engine import Catalog
 from ext_proc.detect.findings import Finding
+from ext_proc.detect.opaque import FIXED_SHAPE_DETECTORS, OPAQUE_KEYS, is_opaque_token
 from ext_proc.detect.structure import KeyPath, reads_number, structured_findings
 from ext_proc.detect.subjects.matcher import CompiledSubjects
 from ext_proc.dialects import Dialect
@@ -72,6 +73,7 @@ def redact_document(
     replacement: Replacement = reversible(placeholders) if restores else strip
     surrogate = policy.mode == "surrogate"
     subject_detect = subjects.detect if subjects is not None else None
+    fixed_shape = catalog.restricted(FIXED_SHAPE_DETECTORS)
 
     def catalog_findings(text: str, path: KeyPath | None) -> list[Finding]:
         return [*catalog.detect(text), *structured_findings(text, path, catalog)]
@@ -82,9 +84,14 @@ def redact_document(
         return catalog_findings(text, path)
 
     def visit(text: str, path: KeyPath | None) -> str:
-        findings = detect(text, path)
-        if subject_detect is not None:
-            findings = [*findings, *subject_detect(text)]
+        if path and path[-1] in OPAQUE_KEYS and is_opaque_token(text):
+            # A provider's opaque blob (encrypted reasoning, a signature): only a key of a fixed
+            # shape can be in it; read as words it would spell initials by chance.
+            findings = fixed_shape.detect(text)
+        else:
+            findings = detect(text, path)
+            if subject_detect is not None:
+                findings = [*findings, *subject_detect(text)]
         if not findings:
             return text
         return rewrite(text, resolve_overlaps(findings, text), replacement, counts)
@@ -159,6 +166,6 @@ def redact_and_check(
     changed = redaction.changed or masked
     body = dump_json(redaction.doc) if changed else raw
     start = time.perf_counter()
-    hit = check_body(body, dialect, subjects, nonce=placeholders.nonce)
+    hit = check_body(body, dialect, subjects, nonce=placeholders.nonce, pseudonyms=placeholders.pseudonyms())
     check_ms = round((time.perf_counter() - start) * 1000, 3)
     return Checked(body, changed, hit.label if hit is not None else None, check_ms)

@@ -31,7 +31,7 @@ from ext_proc.detect.canonical import canonical_text
 from ext_proc.detect.memo import MEMO
 from ext_proc.dialects import Dialect
 from ext_proc.errors import DetectionError
-from ext_proc.transform.grammar import own_markers
+from ext_proc.transform.grammar import PSEUDONYM, own_markers
 from ext_proc.transform.walk import MAX_DEPTH, NestingTooDeep, looks_like_json
 
 # Exponent literals in text; plain integers in text need no expansion (they read as themselves).
@@ -87,10 +87,17 @@ def _parse(text: str) -> Any:
         raise NestingTooDeep() from None
 
 
-def neutralise_own_markers(text: str, nonce: str) -> str:
-    """`text` with this request's own placeholders and every strip marker read as a space
-    (ext_proc.transform.grammar.own_markers); a placeholder with another nonce is read as text."""
-    return own_markers(nonce).sub(" ", text, timeout=REGEX_TIMEOUT)
+def neutralise_own_markers(text: str, nonce: str, pseudonyms: frozenset[str] = frozenset()) -> str:
+    """`text` with this request's own placeholders, the consistent pseudonyms it wrote
+    (`pseudonyms`: their hex digests could spell a short identifier by chance) and every strip
+    marker read as a space (ext_proc.transform.grammar.own_markers); a placeholder with another
+    nonce, or a pseudonym this request did not write, is read as text."""
+    text = own_markers(nonce).sub(" ", text, timeout=REGEX_TIMEOUT)
+    if pseudonyms and "<" in text:
+        text = PSEUDONYM.sub(
+            lambda m: " " if m.group(0) in pseudonyms else m.group(0), text, timeout=REGEX_TIMEOUT
+        )
+    return text
 
 
 # A media position: None when its payload is real media (not read), else the text its base64
@@ -99,14 +106,17 @@ MediaPositions = dict[tuple[int, object], str | None]
 
 
 class _Reader:
-    def __init__(self, finder: SurvivorFinder, media: MediaPositions, nonce: str | None) -> None:
+    def __init__(
+        self, finder: SurvivorFinder, media: MediaPositions, nonce: str | None, pseudonyms: frozenset[str]
+    ) -> None:
         self.finder = finder
         self.media = media
         self.nonce = nonce
+        self.pseudonyms = pseudonyms
 
     def text(self, text: str, depth: int) -> str | None:
         if self.nonce is not None and ("<" in text or "[" in text):
-            text = neutralise_own_markers(text, self.nonce)
+            text = neutralise_own_markers(text, self.nonce, self.pseudonyms)
         digest = getattr(self.finder, "digest", None)
         if digest is None:
             return self._text(text, depth)
@@ -174,11 +184,17 @@ class _Reader:
 
 
 def check_body(
-    body: bytes, dialect: Dialect, finder: SurvivorFinder, *, nonce: str | None = None
+    body: bytes,
+    dialect: Dialect,
+    finder: SurvivorFinder,
+    *,
+    nonce: str | None = None,
+    pseudonyms: frozenset[str] = frozenset(),
 ) -> EgressHit | None:
     """The first declared identifier still present in the outgoing body, or None.
 
-    With `nonce`, this request's own placeholders and strip markers are read as separators.
+    With `nonce`, this request's own placeholders (and the consistent `pseudonyms` it wrote) and
+    strip markers are read as separators.
 
     Raises NestingTooDeep or DetectionError when the body cannot be read in full: the caller
     refuses the request then (the check never passes what it could not read).
@@ -193,7 +209,7 @@ def check_body(
         doc = _parse(text)
     except ValueError:
         # Not JSON (cannot happen for a body the pipeline forwards, but never pass unread bytes).
-        hit = _Reader(finder, {}, nonce).text(text, 0)
+        hit = _Reader(finder, {}, nonce, pseudonyms).text(text, 0)
         return EgressHit(hit) if hit else None
     media: MediaPositions = {}
     for part in dialect.media(doc):
@@ -202,7 +218,7 @@ def check_body(
         elif (decoded := part.encoded_text) is not None:
             media[(id(part.container), part.key)] = decoded
     try:
-        hit = _Reader(finder, media, nonce).value(doc, 0)
+        hit = _Reader(finder, media, nonce, pseudonyms).value(doc, 0)
     except TimeoutError:
         raise DetectionError("egress marker scan timed out") from None
     return EgressHit(hit) if hit else None

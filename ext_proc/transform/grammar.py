@@ -78,6 +78,8 @@ def number_strip_markers(text: str, number: int) -> str | None:
 
 _CANONICAL = regex.compile(rf"{_OPEN}(?P<label>{_LABEL})_(?P<nonce>{_NONCE})_(?P<index>{_INDEX}){_CLOSE}")
 _CANONICAL_PSEUDONYM = regex.compile(rf"{_OPEN}(?P<label>{_LABEL})_(?P<digest>{_DIGEST}){_CLOSE}")
+# A consistent pseudonym as written, anywhere in a text.
+PSEUDONYM = _CANONICAL_PSEUDONYM
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,6 +55,11 @@ class Placeholders(Protocol):
 
     def placeholder_for(self, label: str, original: str) -> str: ...
 
+    def pseudonyms(self) -> frozenset[str]:
+        """The consistent pseudonyms this request wrote (none for per-request placeholders):
+        the egress check reads them as separators, like the placeholders of its nonce."""
+        ...
+
 
 def new_nonce() -> str:
     return secrets.token_hex(NONCE_HEX_CHARS // 2)
@@ -90,6 +95,9 @@ class PlaceholderMap:
 
     def __bool__(self) -> bool:
         return bool(self.originals)
+
+    def pseudonyms(self) -> frozenset[str]:
+        return frozenset()  # its placeholders carry the nonce
 
 
 # --- consistent pseudonyms ----------------------------------------------------------------------
@@ -166,3 +174,6 @@ class PseudonymMap:
 
     def __bool__(self) -> bool:
         return bool(self.originals)
+
+    def pseudonyms(self) -> frozenset[str]:
+        return frozenset(self.originals)

@@ -43,8 +43,6 @@ STRUCTURAL_KEYS = frozenset(
         "approval_request_id",
         "previous_response_id",
         "model",
-        "encrypted_content",
-        "signature",
         "file_id",
         "object",
         "finish_reason",

@@ -374,3 +374,31 @@ def test_egress_passes_pseudonyms_of_a_declared_person() -> None:
         texts += [pmap.placeholder_for(label, f"v{rng.random()}") for label in PSEUDONYM_LABELS]
         body = json.dumps({"model": "m", "messages": [{"role": "user", "content": " ".join(texts)}]}).encode()
         assert check_body(body, DIALECTS["chat"], subjects, nonce=pmap.nonce) is None
+
+
+def test_egress_reads_this_requests_own_pseudonyms_as_separators() -> None:
+    # A declared name of hex letters: a pseudonym digest spells one of its forms now and
+    # then. Find a key whose pseudonym does (between digits, where it reads as a word).
+    subjects = compile_subjects(
+        parse_subject_header(encode_subject_header({"subjects": [{"names": ["Abe Cafe"]}]}))
+    )
+    rng = random.Random(11)
+    for _ in range(200_000):
+        pmap = PseudonymMap(rng.randbytes(32))
+        text = pmap.placeholder_for("EMAIL", "someone@example.org")
+        if subjects.first_survivor(text) is not None:
+            break
+    else:
+        raise AssertionError("no digest spelled a form of the name")
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": f"mail {text}"}]}).encode()
+    # Read as text (another request's pseudonym), it is refused; as this request's own, it is not.
+    assert check_body(body, DIALECTS["chat"], subjects, nonce=pmap.nonce) is not None
+    assert (
+        check_body(body, DIALECTS["chat"], subjects, nonce=pmap.nonce, pseudonyms=pmap.pseudonyms()) is None
+    )
+    # Only the exact pseudonyms it wrote: the same shape with another digest is still read.
+    other = PseudonymMap(b"k" * 32).placeholder_for("EMAIL", "someone@example.org")
+    assert (
+        check_body(body, DIALECTS["chat"], subjects, nonce=pmap.nonce, pseudonyms=frozenset({other}))
+        is not None
+    )

@@ -68,12 +68,15 @@ def _prepare(text: str) -> View:
 class Catalog:
     """The detectors of some sets, compiled once; `detect` is safe to call from many threads."""
 
-    def __init__(self, sets: tuple[str, ...], options: Options) -> None:
+    def __init__(self, sets: tuple[str, ...], options: Options, only: frozenset[str] | None = None) -> None:
         kinds = {k for s in sets for k in SETS[s]}
         self.sets = sets
+        self.only = only  # detector names, when not all of the sets' detectors
         self.options = options
-        self.kinds: frozenset[str] = frozenset(kinds)
-        self.detectors: tuple[Detector, ...] = tuple(d for d in DETECTORS if d.kind in kinds)
+        self.detectors: tuple[Detector, ...] = tuple(
+            d for d in DETECTORS if d.kind in kinds and (only is None or d.name in only)
+        )
+        self.kinds: frozenset[str] = frozenset(d.kind for d in self.detectors)
         self._triggers: tuple[tuple[str, bytes], ...] = tuple(
             (t, t.encode("ascii")) for t in sorted({t for d in self.detectors for t in d.triggers})
         )
@@ -86,14 +89,18 @@ class Catalog:
             raise ValueError(f"unknown catalog set(s): {', '.join(unknown)}")
         return _catalog_for(names, skip_documentation_ips)
 
+    def restricted(self, detectors: frozenset[str]) -> Catalog:
+        """The same catalog with only the detectors named in `detectors` (compiled once)."""
+        return _restricted(self.sets, self.options, detectors)
+
     def __repr__(self) -> str:
-        return f"Catalog(sets={self.sets!r}, options={self.options!r})"
+        return f"Catalog(sets={self.sets!r}, options={self.options!r}, only={self.only!r})"
 
     def detect(self, text: str) -> list[Finding]:
         """Every validated finding in `text`, sorted by start; same-kind overlaps merged."""
         if len(text) < MIN_FINDING_LENGTH or not self.detectors:
             return []
-        return list(MEMO(("catalog", self.sets, self.options), text, self._detect_checked))
+        return list(MEMO(("catalog", self.sets, self.options, self.only), text, self._detect_checked))
 
     def _detect_checked(self, text: str) -> tuple[Finding, ...]:
         # A regex timeout is wall-clock time: a process starved of CPU (or of the GIL) for a
@@ -215,3 +222,8 @@ def _merge_overlaps(spans: list[Span]) -> list[Span]:
 @functools.lru_cache(maxsize=64)
 def _catalog_for(sets: tuple[str, ...], skip_documentation_ips: bool) -> Catalog:
     return Catalog(sets, Options(skip_documentation_ips=skip_documentation_ips))
+
+
+@functools.lru_cache(maxsize=64)
+def _restricted(sets: tuple[str, ...], options: Options, detectors: frozenset[str]) -> Catalog:
+    return Catalog(sets, options, detectors)
