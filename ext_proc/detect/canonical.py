@@ -11,8 +11,10 @@ reads model output through the catalog. Per character, the view:
   Hangul fillers, the braille blank);
 * reads look-alikes as the ASCII letter or digit they imitate (small capitals, modifier letters,
   Cyrillic and Greek homoglyphs, negative circled letters), from a table generated from Unicode's
-  confusables data (`data/confusables_ascii.txt`, see its header), and every decimal digit of any
-  script as its ASCII digit;
+  confusables data (`data/confusables_ascii.txt`, see its header), regional indicators as their
+  letter, and every decimal digit of any script (and circled or dingbat digits) as its ASCII digit;
+* removes the modifier letters that imitate no letter (`ˑ`, the Arabic tatweel, `ー`), which are
+  put between letters or digits, not read as one;
 * reads every Unicode space and tab as a space, every dash, hyphen and minus as `-`, and the
   Unicode line and paragraph separators as a newline; newlines stay newlines;
 
@@ -51,6 +53,7 @@ _DASH = regex.compile(r"\p{Dash}")
 _FILLERS = frozenset("\u2800")
 # Hyphen-like signs outside the Dash property: hyphen bullet, modifier-letter minus, heavy minus.
 _HYPHENS = frozenset("\u2043\u02d7\u2796")
+_REGIONAL_A, _REGIONAL_Z = "\U0001f1e6", "\U0001f1ff"
 _LINE_BREAKS = frozenset("\x85\u2028\u2029")
 _ASCII_KEPT_CONTROLS = frozenset("\n\r\x0b\x0c")
 _MARKS = frozenset(("Mn", "Me"))
@@ -108,7 +111,15 @@ def _read_char(char: str, depth: int = 0) -> str:
     lookalike = _LOOKALIKES.get(char)
     if lookalike is not None:
         return lookalike
+    if _REGIONAL_A <= char <= _REGIONAL_Z:
+        # A regional indicator (two of them make a flag) shows its letter.
+        return chr(ord("A") + ord(char) - ord(_REGIONAL_A))
     plain = _plain(char)
+    if unicodedata.category(char) == "Lm":
+        # A modifier letter that imitates no Latin letter (`ˑ`, the Arabic tatweel, `ー`) is a
+        # mark put between letters or digits, not one of them: it is read as nothing.
+        reading = plain if plain == char or depth > 2 else "".join(_read_char(c, depth + 1) for c in plain)
+        return reading if reading.isascii() and reading.isalnum() else ""
     if plain == char or depth > 2:
         return plain
     if plain and not plain.strip():

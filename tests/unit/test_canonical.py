@@ -6,6 +6,7 @@ gate read through them. Every value here is invented; assertions name labels and
 from __future__ import annotations
 
 import string
+import unicodedata
 
 import pytest
 from hypothesis import given, settings
@@ -452,3 +453,29 @@ def test_text_in_tag_characters_is_read_as_the_ascii_it_mirrors() -> None:
     assert canonical(text).text == "Hello there"  # invisible: the plain view removes it
     assert found(text) == [("CREDIT_CARD", hidden)]  # the whole run of tags
     assert SUBJECTS.first_survivor(f"ok {tags('ZK7731904')} ok") == "SUBJECT1_ID"
+
+
+# Modifier letters that imitate no letter: every one of them, between the characters of a value.
+_MARK_LETTERS = [
+    chr(c)
+    for c in range(0x80, 0x30000)
+    if unicodedata.category(chr(c)) == "Lm" and not (lambda r: r.isascii() and r.isalnum())(read_char(chr(c)))
+]
+
+
+def test_modifier_letters_between_characters_are_read_as_nothing() -> None:
+    assert len(_MARK_LETTERS) > 200
+    missed = []
+    for mark in _MARK_LETTERS:
+        card = mark.join(CARD.replace(" ", ""))
+        if found(f"card {card} ok") != [("CREDIT_CARD", card)]:
+            missed.append(f"U+{ord(mark):04X} card")
+        if SUBJECTS.first_survivor("ask " + mark.join("Prewitt-Kaur")) is None:
+            missed.append(f"U+{ord(mark):04X} name")
+    assert not missed, missed[:10]
+
+
+def test_regional_indicators_read_as_their_letters() -> None:
+    spelled = "".join(chr(0x1F1E6 + ord(c) - ord("A")) for c in "ZK")
+    assert canonical(spelled).text == "ZK"
+    assert SUBJECTS.first_survivor(f"id {spelled}7731904") == "SUBJECT1_ID"

@@ -27,6 +27,10 @@ class Case(IntEnum):
     ANY = 0  # any case, both readers
     CAPITALISED = 1  # detect: only with a capital letter in the match; egress: any case
     CAPITALISED_ONLY = 2  # detect: only with a capital letter; egress: never (a common word)
+    # A name's initials alone ("MQV", "M.Q.V."): both readers, only written in capitals. In
+    # lower case three letters are a word or part of an identifier (`lookup_mqv_rules`), not
+    # the person's initials.
+    UPPER_ONLY = 3
 
 
 class UnreadableValue(CordonError):

@@ -23,10 +23,13 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import regex
+
 from ext_proc.detect.canonical import canonical_text
 from ext_proc.detect.decode import decoded_views, hidden_view, may_hold_escapes
 from ext_proc.detect.findings import Finding
 from ext_proc.detect.memo import MEMO
+from ext_proc.detect.opaque import is_opaque_token
 from ext_proc.detect.subjects.addresses import unit_end
 from ext_proc.detect.subjects.dates import DATE_WORDS, MONTH_INSIDES, START_WORDS
 from ext_proc.detect.subjects.forms import Case, UnreadableValue
@@ -326,7 +329,10 @@ class CompiledSubjects:
             for variant in self._variants[hit.key]:
                 if not self._fits(variant, hit):
                     continue
-                if variant.case is not Case.ANY:
+                if variant.case is Case.UPPER_ONLY:
+                    if not _in_capitals(text[start:end]):
+                        continue
+                elif variant.case is not Case.ANY:
                     if capitalised is None:
                         written = text[start:end]
                         capitalised = written != written.lower()
@@ -342,26 +348,32 @@ class CompiledSubjects:
 
     # --- egress
 
-    def first_survivor(self, text: str) -> str | None:
-        """The label of the first declared identifier readable in `text` (case-folded), or None."""
+    def first_survivor(self, text: str, *, long_only: bool = False) -> str | None:
+        """The label of the first declared identifier readable in `text` (case-folded), or None.
+        `long_only`: `text` is random (a credential, a cookie's value) and only forms of
+        MEDIA_SHORTEST_KEY characters or more count, as in a media file's base64."""
         if not text:
             return None
+        if long_only:
+            return MEMO(
+                ("survivor-long", self.digest), text, lambda t: self._first_survivor(t, MEDIA_SHORTEST_KEY)
+            )
         return MEMO(("survivor", self.digest), text, self._first_survivor)
 
-    def _first_survivor(self, text: str) -> str | None:
-        label = self._survivor(text)
+    def _first_survivor(self, text: str, shortest: int = 0) -> str | None:
+        label = self._survivor(text, shortest)
         if label is None:
             for decoded in _decodings(text):
-                label = self._survivor(decoded)
+                label = self._survivor(decoded, shortest)
                 if label is not None:
                     break
         return label
 
-    def _survivor(self, text: str) -> str | None:
+    def _survivor(self, text: str, shortest: int = 0) -> str | None:
         segments = read(text, offsets=False).spaced.split()
         if not segments or self._starts.isdisjoint(segments):
             return None
-        shortest = _shortest_key(text)
+        shortest = max(shortest, _shortest_key(text))
         # The longest form at the first place any form starts names the hit ("mqvance77" is the
         # handle, not the name form "mqvance" inside it); hits of one start come shortest first.
         found: str | None = None
@@ -370,10 +382,28 @@ class CompiledSubjects:
             if found is not None and hit.first != found_at:
                 break
             for variant in self._variants[hit.key]:
-                if variant.case is not Case.CAPITALISED_ONLY and self._fits(variant, hit):
-                    found, found_at = variant.label, hit.first
-                    break
+                if variant.case is Case.CAPITALISED_ONLY or not self._fits(variant, hit):
+                    continue
+                if variant.case is Case.UPPER_ONLY and not _capitals_in(text, hit.key):
+                    continue
+                found, found_at = variant.label, hit.first
+                break
         return found
+
+
+def _in_capitals(written: str) -> bool:
+    """Every letter of `written` (read in its canonical view) is a capital."""
+    letters = [c for c in canonical_text(written) if c.isalpha()]
+    return bool(letters) and all(c.isupper() for c in letters)
+
+
+def _capitals_in(text: str, key: str) -> bool:
+    """`key`'s letters written in capitals somewhere in `text` as a word of their own, with
+    any separators between them or none (`MQV`, `M. Q. V.`, `m_MQV_x`): the egress check's reading has
+    no offsets, so an initials form it found is looked for again in the canonical view."""
+    spelled = r"[^A-Za-z0-9]*+".join(map(regex.escape, key.upper()))
+    pattern = rf"(?<![A-Za-z]){spelled}(?![A-Za-z])"  # a digit ends a word, as in the reading
+    return regex.search(pattern, canonical_text(text)) is not None
 
 
 # In a media file's base64 (a screenshot passed as a tool's input), a form's key must be this long to
@@ -405,7 +435,8 @@ def is_hex_id(text: str) -> bool:
 def _shortest_key(text: str) -> int:
     if len(text) >= MEDIA_MIN_LENGTH and is_media_payload(text):
         return MEDIA_SHORTEST_KEY
-    return MEDIA_SHORTEST_KEY if is_hex_id(text) else 0
+    # A provider's opaque blob or id is random the same way (ext_proc.detect.opaque).
+    return MEDIA_SHORTEST_KEY if is_hex_id(text) or is_opaque_token(text) else 0
 
 
 def _merge(spans: list[tuple[int, int, _Variant]]) -> list[Finding]:

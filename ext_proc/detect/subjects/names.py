@@ -100,7 +100,8 @@ def name_forms(value: str) -> FormList:
                     add([part, initial])
         surname_initials = "".join(t[0] for t in core_surname)
         if len(initials) + len(surname_initials) >= 3:
-            add(list(initials + surname_initials))  # one part per letter: "and" needs "A.N.D."
+            # One part per letter ("and" needs "A.N.D."), in capitals only.
+            add(list(initials + surname_initials), Case.UPPER_ONLY)
         for name in core_given:
             if is_significant(name):
                 add([name, surname_initials])
