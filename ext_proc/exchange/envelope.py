@@ -224,7 +224,14 @@ def survivor(subjects: CompiledSubjects, envelope: Envelope, nonce: str) -> Surv
         return Survivor(label, "in the request path")
     for name, value in envelope.values.items():
         # content-length is the body's length, which the body's own check reads.
-        if name in UNREAD_HEADERS or name in (PATH, "content-length"):
+        if name in (PATH, "content-length") or name in REMOVED_REQUEST_HEADERS:
+            continue
+        if name in CREDENTIAL_HEADERS:
+            # Keys and cookies are random and never rewritten: read for long forms only (a
+            # whole name, an email, a number), so that chance never refuses a key.
+            label = subjects.first_survivor(value, long_only=True)
+            if label is not None:
+                return Survivor(label, "in a request header")
             continue
         # The name and the value together (an identifier may run across them); apart when the
         # value is one hex identifier (a request or trace id), which is read alone, with long keys.

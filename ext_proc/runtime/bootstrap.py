@@ -136,6 +136,11 @@ def render_filters(settings: Settings) -> str:
               request_trailer_mode: SKIP
               response_trailer_mode: SKIP
             request_attributes: ["xds.route_name"]
+            # The processor rewrites every header value that carries a finding, x-envoy-* ones
+            # included (a client on an internal address may send them): by default Envoy drops
+            # such a change silently and forwards the original. A change Envoy still refuses is
+            # an error, never a silent pass.
+            mutation_rules: {allow_envoy: true, disallow_is_error: true}
             message_timeout: {timeout}s
             max_message_timeout: 300s
         """

@@ -333,3 +333,40 @@ def test_a_common_word_declared_as_a_name_is_never_matched_alone(
     sent = upstream.received[0].text()
     assert "Grace said hello. Will you help? Will said so" in sent  # alone, capitalised or not
     assert "Okonkwo" not in sent and "<SUBJECT2_NAME_" in sent  # its other forms still are
+
+
+def test_x_envoy_headers_are_rewritten_and_checked_like_any_other(
+    stack: RunningStack, upstream: FakeUpstream
+) -> None:
+    # A client on an internal address may send x-envoy-* headers, which Envoy forwards; a change
+    # to one is applied (not dropped), for the catalog and for the declared subjects.
+    reply = send(stack, "chat", "hi", {"x-envoy-note": f"for {EMAIL}", "x-envoy-original-path": EMAIL})
+    assert reply.status == 200
+    [received] = upstream.received
+    assert EMAIL not in json.dumps(received.headers), "an x-envoy header carried the email upstream"
+    upstream.clear()
+    reply = send(stack, "chat", "hi", {"x-cordon-subject": DECLARED, "x-envoy-foo": "Ottilie Brannigan-Shaw"})
+    assert reply.status == 200
+    [received] = upstream.received
+    assert not cores_in(json.dumps(received.headers)), "an x-envoy header carried the declared name"
+
+
+def test_a_declared_identity_in_a_cookie_or_key_header_is_refused(
+    stack: RunningStack, upstream: FakeUpstream
+) -> None:
+    # Credentials and cookies are never rewritten; the egress check reads them for long forms.
+    for headers in (
+        {"cookie": "session=k3J9xQ2mZp; user=Ottilie Brannigan-Shaw"},
+        {"x-api-key": "sk-ant-obshaw@example.org"},
+    ):
+        reply = send(stack, "messages", "hi", {"x-cordon-subject": DECLARED, **headers})
+        assert reply.status == 422, list(headers)
+    assert upstream.received == []
+    # A random cookie value and key are not read for short forms: forwarded.
+    reply = send(
+        stack,
+        "chat",
+        "hi",
+        {"x-cordon-subject": DECLARED, "cookie": "session=7OBS3kQ9zL0pWx2VbN5m; theme=dark"},
+    )
+    assert reply.status == 200
