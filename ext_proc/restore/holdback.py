@@ -62,7 +62,9 @@ def open_start(text: str, floor: int, catalog: Catalog) -> int:
     n = len(text)
     lo = max(floor, text.rfind("\n", floor) + 1)
     if n - lo > HOLD_CHARS:
-        lo = _soft_cut(text, n - HOLD_CHARS)
+        at = visible_start(text, lo, HOLD_CHARS)
+        if at > lo:
+            lo = _soft_cut(text, at)
     if lo >= n or not catalog.detectors:
         return n
     start = _last_run_start(text, lo)
@@ -96,6 +98,18 @@ def open_start(text: str, floor: int, catalog: Catalog) -> int:
         if at < len(hidden.text):
             start = min(start, base + hidden.span(at, len(hidden.text))[0])
     return max(start, lo)
+
+
+def visible_start(text: str, lo: int, count: int) -> int:
+    """Where the last `count` characters of `text[lo:]` begin, counted in its canonical view:
+    invisible characters and the extra spaces of a run count for nothing, so padding a value
+    with them never pushes its start out of what is held (or read again)."""
+    if len(text) - lo <= count:
+        return lo
+    view = canonical(text[lo:])
+    if len(view.text) <= count:
+        return lo
+    return lo + _source(view, len(view.text) - count)
 
 
 def _source(view: View, at: int) -> int:

@@ -46,7 +46,7 @@ from ext_proc.detect.structure import (
     reads_number,
     value_findings,
 )
-from ext_proc.restore.holdback import open_start
+from ext_proc.restore.holdback import open_start, visible_start
 from ext_proc.restore.json_text import JsonTextReader
 from ext_proc.transform.redact import resolve_overlaps
 from ext_proc.transform.walk import looks_like_json
@@ -86,6 +86,8 @@ MAX_DEPTH = 64
 
 # The count of a reply the gate could not read (compressed, or of a type it does not know).
 UNREAD = "UNREAD"
+# What a refusal names when a channel went on after its end (under `deny`).
+AFTER_END = "text after the end of its channel"
 
 Neutraliser = Callable[[str], str]
 WindowState = tuple[str, bool, tuple[str, ...], int, int, bool, str]
@@ -211,8 +213,9 @@ class OutputGate:
         return list(self._windows)
 
     def finish_window(self, key: Hashable) -> bool:
-        """Channel `key` ended: read to its end."""
-        window = self._windows.pop(key, None)
+        """Channel `key` ended: read to its end. The window stays, with its look-behind: text the
+        channel still gets after its end is read joined to what it had (`GateWindow.feed`)."""
+        window = self._windows.get(key)
         return window.finish() if window is not None else False
 
     def check_windows(self) -> bool:
@@ -224,12 +227,19 @@ class OutputGate:
         return found
 
     def finish_windows(self) -> bool:
-        """The stream ended: every channel read to its end."""
+        """The stream ended: every channel read to its end (the windows stay, as above)."""
         found = False
         for window in self._windows.values():
             found = window.finish() or found
-        self._windows.clear()
         return found
+
+    def after_end(self) -> None:
+        """A channel got text after it ended (after its choice's `finish_reason`, the stream's
+        `[DONE]`, `message_stop` or `response.completed`): no API sends that. Its held tail went
+        out with the end, so under `deny` the reply is refused; under `report` it is read on."""
+        if self.deny:
+            self.tripped = True
+            self.kinds.add(AFTER_END)
 
     def marks(self) -> tuple[tuple[GateWindow, int], ...]:
         """Where each channel with undecided text stands now: what a chunk produced now waits for."""
@@ -333,6 +343,9 @@ class GateWindow:
         if self._json is not None:
             delta = self._json.feed(delta)
         if delta:
+            if self.finished:
+                self.finished = False
+                self._gate.after_end()
             self._pending.append(delta)
             self._pending_chars += len(delta)
             self.fed += len(delta)
@@ -380,15 +393,17 @@ class GateWindow:
 
 
 def _look_behind(text: str, edge_cut: bool) -> tuple[str, bool]:
-    """The last WINDOW characters of `text`, from after a whitespace where one is near; and
-    whether that left edge falls inside a token."""
-    if len(text) <= WINDOW:
+    """The last WINDOW characters of `text` (counted in its canonical view: invisible padding
+    counts for nothing), from after a whitespace where one is near; and whether that left edge
+    falls inside a token."""
+    start = visible_start(text, 0, WINDOW)
+    if start == 0:
         return text, edge_cut
-    tail = text[-WINDOW:]
+    tail = text[start:]
     space = next((i for i, ch in enumerate(tail[:WORD_EDGE_CHARS]) if ch.isspace()), -1)
     if space >= 0:
         return tail[space + 1 :], False
-    return tail, not text[-WINDOW - 1].isspace() and not tail[0].isspace()
+    return tail, not text[start - 1].isspace() and not tail[0].isspace()
 
 
 def _strings(

@@ -211,3 +211,49 @@ def test_report_counts_each_value_once_many(
     dialect: str, kinds: list[str], newline: str, ending: str, seed: int
 ) -> None:
     check_report(dialect, kinds, newline, ending, seed)
+
+
+# --- single cases: a stream that goes on after its end, and padding between a value's groups ---
+
+
+@pytest.mark.parametrize("dialect", sorted(PATHS))
+def test_text_after_the_streams_end_is_refused_under_deny(dialect: str) -> None:
+    """A value cut by the stream's end marker (`[DONE]`, `message_stop`, `response.completed`)
+    and going on after it: what came before is judged at the end, what comes after refuses."""
+    channel = TEXT_CHANNELS[dialect][0][0]
+    card = VALUES["CREDIT_CARD"]
+    first, rest = f"card {card[:12]}", f"{card[12:]} end "
+    raw = script(dialect, [(channel, first)]) + script(dialect, [(channel, rest)])
+    body, _ = run("sk-deny", dialect, raw, random.Random(1))
+    texts, errored = client_texts(body)
+    assert errored, "the stream went on after its end without an error event"
+    for name, text in texts.items():
+        assert not CATALOG.detect(text), f"{name}: the client got a value"
+
+
+# (value, where it is cut, what goes between): invisible characters, or a run of spaces where the
+# value has a space (a card's groups).
+PADDED = [
+    ("EMAIL", VALUES["EMAIL"].index("@"), "\u200b" * 600),
+    ("EMAIL", VALUES["EMAIL"].index("@"), "\u00ad" * 300 + "\u2060" * 300),
+    ("CREDIT_CARD", 4, " " * 700),
+    ("CREDIT_CARD", 4, "\u200b" * 600),
+]
+
+
+@pytest.mark.parametrize("dialect", sorted(PATHS))
+@pytest.mark.parametrize("case", range(len(PADDED)))
+def test_invisible_padding_inside_a_value_does_not_push_it_out_of_the_window(dialect: str, case: int) -> None:
+    """Invisible characters or a run of spaces between a value's parts count for nothing: the
+    value is still read whole, however long the padding, and its first part is held."""
+    kind, cut, padding = PADDED[case]
+    channel = TEXT_CHANNELS[dialect][0][0]
+    value = VALUES[kind]
+    text = f"write to {value[:cut]}{padding}{value[cut:]} today "
+    pieces = [(channel, text[i : i + 7]) for i in range(0, len(text), 7)]
+    body, _ = run("sk-deny", dialect, script(dialect, pieces), random.Random(2))
+    texts, errored = client_texts(body)
+    assert errored, f"the padded {kind} passed the gate"
+    for name, text in texts.items():
+        assert not CATALOG.detect(text), f"{name}: the client got a value"
+        assert value[:cut] not in text, f"{name}: the first part left before the error"
