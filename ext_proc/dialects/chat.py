@@ -200,7 +200,11 @@ class ChatStream(ChannelStream):
             for outer, _ in (*self.NESTED, *self.MEDIA)
         }
         for field, value in delta.items():
-            if field in self.TEXT_FIELDS or field == "tool_calls":
+            # A text field that is not a string (`content` as a list of parts, which no stream
+            # should send) is read by its key paths like any other value.
+            if (field in self.TEXT_FIELDS and isinstance(value, str)) or (
+                field == "tool_calls" and isinstance(value, list)
+            ):
                 continue
             prefix: ChannelKey = ("chat", ci, "delta", field)
             if isinstance(value, (dict, list)):

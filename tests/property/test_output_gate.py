@@ -257,3 +257,29 @@ def test_invisible_padding_inside_a_value_does_not_push_it_out_of_the_window(dia
     for name, text in texts.items():
         assert not CATALOG.detect(text), f"{name}: the client got a value"
         assert value[:cut] not in text, f"{name}: the first part left before the error"
+
+
+def test_chat_content_sent_as_a_list_of_parts_is_read_across_events() -> None:
+    """No Chat stream sends `delta.content` as a list, but an upstream may: its parts' text is
+    read as one channel across events like any value the gate has no schema for."""
+    card = VALUES["CREDIT_CARD"]
+    text = f"card {card} end"
+    base = {"id": "chatcmpl-l1", "object": "chat.completion.chunk", "created": 1, "model": "gpt-x"}
+    events = []
+    for i in range(0, len(text), 5):
+        delta = {"content": [{"type": "text", "text": text[i : i + 5]}]}
+        events.append({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
+    events.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    raw = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+    body, _ = run("sk-deny", "chat", raw.encode(), random.Random(3))
+    _, errored = client_texts(body)
+    assert errored, "the card passed in list-shaped content"
+    parts = "".join(
+        part.get("text", "")
+        for line in body.decode().splitlines()
+        if line.startswith("data: {")
+        for choice in json.loads(line[6:]).get("choices", [])
+        for part in (choice.get("delta", {}).get("content") or [])
+        if isinstance(part, dict)
+    )
+    assert not CATALOG.detect(parts), "the client got the card"
