@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 # a `\r` not followed by `\n` (a `\r` that ends the buffer waits for the next byte).
 _EVENT_END = regex.compile(rb"(\r\n|\r(?!\n)|\n)(?:\r\n|\r(?!\n)|\n)")
 _LINE_END = regex.compile(rb"\r\n|\r|\n")
+_BOM = b"\xef\xbb\xbf"
 
 # Gate channels made from the key paths of a stream this code has no schema for; past this many,
 # its strings are read whole.
@@ -81,6 +82,10 @@ class SseEvent:
 def parse_event(raw: bytes, body_end: int, newline: bytes = b"\n") -> SseEvent:
     """The event whose field lines are `raw[:body_end]` (`newline`: how its lines end)."""
     lines = _LINE_END.split(raw[:body_end])
+    if lines[0].startswith(_BOM):
+        # A byte order mark before the stream's first field: the SSE format strips it (a browser's
+        # EventSource reads the event; the Python SDKs skip it), so the event is read as data.
+        lines[0] = lines[0][len(_BOM) :]
     data_parts = [line[5:] for line in lines if line.startswith(b"data:")]
     if not data_parts:
         return SseEvent(raw, lines, newline, None)

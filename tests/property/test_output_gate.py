@@ -283,3 +283,17 @@ def test_chat_content_sent_as_a_list_of_parts_is_read_across_events() -> None:
         if isinstance(part, dict)
     )
     assert not CATALOG.detect(parts), "the client got the card"
+
+
+def test_a_byte_order_mark_before_the_first_event_hides_nothing() -> None:
+    """The SSE format strips a byte order mark before the first field (a browser's EventSource
+    reads that event): the first event, text and all, is read like the others."""
+    text = f"card {VALUES['CREDIT_CARD']} end "
+    pieces = [("content", text[:19]), ("content", text[19:])]  # most of the card first
+    raw = script("chat", pieces)
+    raw = raw[raw.index(b"\n\n") + 2 :]  # the stream starts with a text delta
+    body, _ = run("sk-deny", "chat", b"\xef\xbb\xbf" + raw, random.Random(4))
+    texts, errored = client_texts(body.removeprefix(b"\xef\xbb\xbf"))
+    assert errored, "a stream starting with a byte order mark passed the card"
+    for name, got in texts.items():
+        assert not CATALOG.detect(got), f"{name}: the client got a value"
