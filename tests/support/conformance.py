@@ -173,6 +173,10 @@ _PRIVATE_IPS = (
     "personal data in logs and prompts too"
 )
 _UNSPECIFIED_IP = "`::` identifies no host and is a C++/Rust/Haskell token; presidio scores it 0.05-0.15"
+_LOOPBACK_IP = (
+    "loopback and unspecified addresses (`::1`, `127.0.0.1`, `0.0.0.0`) are every machine's own and "
+    "identify no one; they fill code and logs, where flagging them refuses harmless model output"
+)
 _WEAK_SSN = (
     "nine digits without separators (or with partial dashes) need an SSN word nearby; presidio "
     "scores these 0.0-0.4"
@@ -239,6 +243,10 @@ DISAGREEMENTS: tuple[Disagreement, ...] = (
         Disagreement("presidio", "IP_ADDRESS", True, text, _UNSPECIFIED_IP)
         for text in ("Use local ipv6 ::", "src=:: dst=::1", "Unspecified ::", "::/0", "::/128")
     ),
+    *(
+        Disagreement("presidio", "IP_ADDRESS", True, text, _LOOPBACK_IP)
+        for text in ("my ip: ::1", "connecting from ::1", "Default 0.0.0.0", "Loopback ::1")
+    ),
     Disagreement(
         "presidio",
         "IP_ADDRESS",
@@ -273,7 +281,7 @@ DISAGREEMENTS: tuple[Disagreement, ...] = (
     # detect-secrets
     *(
         Disagreement("detect_secrets", "IP_ADDRESS", False, ip, _PRIVATE_IPS)
-        for ip in ("127.0.0.1", "10.0.0.1", "172.16.0.1", "192.168.0.1", "169.254.169.254")
+        for ip in ("10.0.0.1", "172.16.0.1", "192.168.0.1", "169.254.169.254")
     ),
     *(
         Disagreement("detect_secrets", "HIGH_ENTROPY_STRING", False, token, _UNQUOTED_ENTROPY)

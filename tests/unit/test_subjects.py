@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import json
 import random
+import re
 import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -867,6 +868,8 @@ def oracle(compiled: CompiledSubjects, text: str) -> bool:
     segments = SEGMENT.findall(folded)
     forms: dict[str, list[tuple[frozenset[int], str]]] = {}
     for form in compiled.forms():
+        if form.case is Case.UPPER_ONLY and not _written_in_capitals(text, form.key):
+            continue  # initials count only in capitals
         if form.case is not Case.CAPITALISED_ONLY:
             forms.setdefault(form.key, []).append((form.required, form.label.split("_", 1)[1]))
     longest = max(map(len, forms))
@@ -887,6 +890,16 @@ def oracle(compiled: CompiledSubjects, text: str) -> bool:
                 grown = bounds | {len(joined)} if joined else bounds
                 states.append((end, joined + piece, grown, how | used))
     return False
+
+
+def _written_in_capitals(text: str, key: str) -> bool:
+    """The oracle's own reading: `key`'s letters in capitals in `text` (compatibility forms
+    folded, invisible and combining characters dropped), any non-alphanumerics between them."""
+    plain = "".join(
+        c for c in unicodedata.normalize("NFKC", text) if unicodedata.category(c) not in ("Cf", "Mn")
+    )
+    between = "[^A-Za-z0-9]*"
+    return re.search(f"(?<![A-Za-z]){between.join(key.upper())}(?![A-Za-z])", plain) is not None
 
 
 def _month_near(segments: list[str], first: int, at: int) -> bool:

@@ -209,7 +209,7 @@ DETECTORS: tuple[Detector, ...] = (
             r"(?:\.|[ ]?[\[({][ ]?(?i:dot)[ ]?[\])}][ ]?))+"
             # A dash may follow the top-level label (`…@example.net-she`, an em dash read as a
             # dash): no top-level label holds one, so it ends the address.
-            r"(?:[A-Za-z]{2,63}|xn--[A-Za-z0-9\-]{1,59})(?![A-Za-z0-9])"
+            r"(?:xn--[A-Za-z0-9\-]{1,59}|[A-Za-z]{2,63})(?![A-Za-z0-9])"
         ),
         validator="email",
         triggers=("@",),

@@ -176,6 +176,8 @@ def validate_high_entropy(text: str, m: regex.Match[str], span: Span, _o: Option
         value = piece.group()
         if len(value) >= MEDIA_MIN_LENGTH and is_media_base64(value):
             continue  # an image or document as base64, before any `/` in it is taken for a path
+        if _named_digest(text, piece.start(), value):
+            continue  # `commit 9fceb02…`, `@sha256:e3b0…`, `sha512-Q2hl…`: a digest, named so
         if "/" in value and is_path(value):
             # A URL or file path: only a long segment of it can be a secret.
             for segment in timed_all(_PATH_SEGMENT, text, piece.start(), piece.end()):
@@ -183,6 +185,26 @@ def validate_high_entropy(text: str, m: regex.Match[str], span: Span, _o: Option
                     yield segment.span()
         elif is_high_entropy(value):
             yield piece.span()
+
+
+# A digest says what it is: its algorithm or role just before it (`sha256:`, `md5 `, `commit `,
+# `checksum=`), or an integrity string's algorithm prefix (`sha512-…`). A hex digest is as long as
+# its algorithm makes it; an integrity string is base64.
+_DIGEST_NAME = compile_pattern(
+    r"(?i)(?:\b(?:sha-?(?:1|224|256|384|512)?|md5|blake2[bs]?|commit|checksum|digest|hash|etag|"
+    r"revision|rev|integrity|fingerprint)|@sha256)[\s:=\"'@#-]{0,3}\Z"
+)
+_INTEGRITY = compile_pattern(r"sha(?:1|256|384|512)-[A-Za-z0-9+/]+=*")
+_DIGEST_HEX_LENGTHS = frozenset({32, 40, 56, 64, 96, 128})
+
+
+def _named_digest(text: str, start: int, value: str) -> bool:
+    if timed_fullmatch(_INTEGRITY, value):
+        return True
+    if len(value) not in _DIGEST_HEX_LENGTHS or not all(ch in _HEX for ch in value):
+        return False
+    before = text[max(0, start - 24) : start]
+    return timed_search(_DIGEST_NAME, before) is not None
 
 
 _PATH_SEGMENT = compile_pattern(r"[^/]{20,}+")

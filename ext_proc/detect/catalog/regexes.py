@@ -67,9 +67,20 @@ DIGIT_GROUP = compile_pattern(r"[0-9]+")
 _MASK_CHARS = frozenset("xX*#.•_- ")
 
 
+# A key's prefix before its mask (`sk-xxxx`, `sk-proj-****`, `ghp_XXXX`).
+_MASK_PREFIX = regex.compile(r"(?:[A-Za-z]{1,10}[\-_]){1,2}")
+MASK_MIN_CHARS = 4
+
+
 def is_mask(body: str) -> bool:
-    """`xxxx`, `XXXX-XXXX`, `****`: a documented placeholder, not a value."""
-    return bool(body) and all(ch in _MASK_CHARS for ch in body)
+    """`xxxx`, `XXXX-XXXX`, `****`, `sk-xxxxxxxx`: a documented placeholder, not a value."""
+    if not body:
+        return False
+    if all(ch in _MASK_CHARS for ch in body):
+        return True
+    prefix = _MASK_PREFIX.match(body)
+    rest = body[prefix.end() :] if prefix is not None else ""
+    return len(rest) >= MASK_MIN_CHARS and all(ch in _MASK_CHARS for ch in rest)
 
 
 def digits_of(value: str) -> str:

@@ -98,7 +98,10 @@ def _is_documentation(addr: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bo
 
 
 def _ipv4(text: str, m: regex.Match[str], span: Span, options: Options) -> Iterable[Span]:
-    if options.skip_documentation_ips and _is_documentation(ipaddress.IPv4Address(m.group("addr"))):
+    addr = ipaddress.IPv4Address(m.group("addr"))
+    if addr.is_loopback or addr.is_unspecified:
+        return ()  # 127.0.0.1, 0.0.0.0: every machine's own, they identify no one
+    if options.skip_documentation_ips and _is_documentation(addr):
         return ()
     return (span,)
 
@@ -109,7 +112,7 @@ def _ipv6(text: str, m: regex.Match[str], span: Span, options: Options) -> Itera
         addr = ipaddress.IPv6Address(candidate)
     except ValueError:
         return ()
-    if addr.is_unspecified:
+    if addr.is_unspecified or addr.is_loopback:
         return ()
     bare = candidate.split("%", 1)[0]
     # "dead::beef"-like words: an address here carries a digit or at least three groups.
