@@ -6,6 +6,7 @@ it the peer corpus. It prints kinds and offsets (Python `str` code points), neve
 on stdout, not on stderr.
 
     scan [--sets pii,pci,secrets | --policy FILE]            text on stdin → one finding per line
+    (with --policy, a finding of a kind the policy blocks or allows carries `"action"`)
     scan --jsonl [--sets … | --policy FILE]                  {"text": …} lines → {"findings": […]}
 
 Blank `--jsonl` lines are skipped. Declared subjects (a non-null `"subject"` in a line) stop
@@ -50,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--policy",
         default=None,
         metavar="FILE",
-        help="use the sets (and documentation-IP switch) of this policy file",
+        help="use this policy file's sets, documentation-IP switch, customKinds, allow, deny and actions",
     )
 
 
@@ -61,7 +62,7 @@ def run(args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -> int:
             return _run_jsonl(catalog, stdin, stdout)
         findings = catalog.detect(stdin.read())
         for finding in findings:
-            stdout.write(json.dumps(_as_json(finding)) + "\n")
+            stdout.write(json.dumps(_as_json(finding, catalog)) + "\n")
         return EXIT_OK
     except _UsageError as exc:
         print(f"scan: {exc}", file=sys.stderr)
@@ -82,7 +83,11 @@ def _catalog(args: argparse.Namespace) -> Catalog:
             policy = load_policy_file(args.policy)
         except Exception as exc:  # the policy loader names file, key and reason itself
             raise _UsageError(f"cannot use policy {args.policy}: {exc}") from None
-        return Catalog.for_sets(policy.sets, skip_documentation_ips=bool(policy.skip_documentation_ips))
+        return Catalog.for_sets(
+            policy.sets,
+            skip_documentation_ips=bool(policy.skip_documentation_ips),
+            extensions=policy.extensions,
+        )
     sets_arg = getattr(args, "sets", None)
     sets = ALL_SETS if sets_arg is None else tuple(s.strip() for s in sets_arg.split(",") if s.strip())
     unknown = [s for s in sets if s not in ALL_SETS]
@@ -107,9 +112,15 @@ def _run_jsonl(catalog: Catalog, stdin: TextIO, stdout: TextIO) -> int:
                 "declared-subject support (X-Cordon-Subject), not available in this build"
             )
         findings = catalog.detect(record["text"])
-        stdout.write(json.dumps({"findings": [_as_json(f) for f in findings]}) + "\n")
+        stdout.write(json.dumps({"findings": [_as_json(f, catalog) for f in findings]}) + "\n")
     return EXIT_OK
 
 
-def _as_json(finding: Finding) -> dict[str, object]:
-    return {"kind": finding.kind, "start": finding.start, "end": finding.end}
+def _as_json(finding: Finding, catalog: Catalog) -> dict[str, object]:
+    out: dict[str, object] = {"kind": finding.kind, "start": finding.start, "end": finding.end}
+    action = catalog.extensions.action(finding.kind)
+    if action != "redact":
+        # The policy's `actions`: the server would refuse the request (block) or leave the value
+        # in place and count it (allow).
+        out["action"] = action
+    return out

@@ -38,6 +38,7 @@ from ext_proc.exchange.request import guarded
 from ext_proc.exchange.runtime import Runtime
 from ext_proc.policy.model import MODE_STRICTNESS, MODES, Policy, PolicySet
 from ext_proc.policy.strictness import less_strict_knobs
+from ext_proc.transform.actions import KindBlocked
 from ext_proc.transform.placeholders import PlaceholderMap, PseudonymMap
 
 log = logging.getLogger("cordon.exchange")
@@ -261,6 +262,8 @@ def _envelope(context: RequestContext, headers: Headers, record: ExchangeRecord)
             raise refusal_for(exc, message, FAIL_CLOSED) from None
         record.record_gap("detection", str(exc))
         return Envelope((), headers.values)
+    except KindBlocked as exc:
+        raise refusal_for(exc) from None
 
 
 def _check_envelope(context: RequestContext, envelope: Envelope) -> None:

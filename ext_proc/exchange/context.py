@@ -50,11 +50,17 @@ class RequestContext:
 
     def catalog(self) -> Catalog:
         policy = self.policy
-        return Catalog.for_sets(policy.sets, skip_documentation_ips=policy.skip_documentation_ips)
+        return Catalog.for_sets(
+            policy.sets, skip_documentation_ips=policy.skip_documentation_ips, extensions=policy.extensions
+        )
 
     def output_catalog(self) -> Catalog:
         policy = self.policy
-        return Catalog.for_sets(policy.output_sets, skip_documentation_ips=policy.skip_documentation_ips)
+        return Catalog.for_sets(
+            policy.output_sets,
+            skip_documentation_ips=policy.skip_documentation_ips,
+            extensions=policy.extensions,
+        )
 
 
 def uses_surrogates(policy: Policy) -> bool:

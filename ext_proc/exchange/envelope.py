@@ -19,11 +19,13 @@ from dataclasses import dataclass, replace
 from functools import partial
 from urllib.parse import quote, unquote_plus
 
+from ext_proc.detect.catalog.extensions import compiled
 from ext_proc.detect.findings import Finding
 from ext_proc.detect.memo import TextMemo
 from ext_proc.detect.subjects.matcher import CompiledSubjects, is_hex_id
 from ext_proc.exchange.context import RequestContext
 from ext_proc.exchange.headers import CREDENTIAL_HEADERS, REMOVED_REQUEST_HEADERS, Headers
+from ext_proc.transform.actions import apply_actions
 from ext_proc.transform.egress import neutralise_own_markers
 from ext_proc.transform.grammar import may_hold_pseudonym, pseudonym_pattern
 from ext_proc.transform.redact import Replacement, resolve_overlaps, reversible, rewrite, strip
@@ -94,14 +96,16 @@ def _is_protocol(name: str) -> bool:
     return name in PROTOCOL_HEADERS or name.startswith(PROTOCOL_PREFIXES)
 
 
-def finder(context: RequestContext) -> Find:
+def finder(context: RequestContext, counts: Counter[str]) -> Find:
     """The detectors a body string meets (the tenant's catalog and the declared subjects), for a
-    header or query text."""
+    header or query text; the policy's actions applied as in the body (`counts` gains the kinds
+    passed through under `allow`)."""
     policy = context.policy
     catalog = context.catalog()
     subjects = context.subjects
     surrogate = policy.mode == "surrogate"
     digest = subjects.digest if subjects is not None else None
+    extended = compiled(policy.extensions).digest  # two tenants' catalogs of the same sets differ
 
     def detect(protocol: bool, text: str) -> tuple[Finding, ...]:
         found: Callable[[str], list[Finding]] = catalog.detect
@@ -119,8 +123,11 @@ def finder(context: RequestContext) -> Find:
     def find(name: str, text: str) -> list[Finding]:
         protocol = _is_protocol(name)
         # Most header values come again with every request of a client (its SDK's): remembered.
-        scope = ("headers", policy.sets, policy.skip_documentation_ips, surrogate, protocol, digest)
-        return list(HEADER_MEMO(scope, text, partial(detect, protocol)))
+        scope = ("headers", policy.sets, policy.skip_documentation_ips, surrogate, protocol, digest, extended)
+        # Actions are applied per request, after the memo: an allowed kind is counted each time.
+        return apply_actions(
+            list(HEADER_MEMO(scope, text, partial(detect, protocol))), policy.extensions, counts
+        )
 
     return find
 
@@ -128,7 +135,7 @@ def finder(context: RequestContext) -> Find:
 def rewritten(context: RequestContext, headers: Headers, counts: Counter[str]) -> Envelope:
     """The headers with every finding in a readable value, and in the query, replaced; `counts`
     gains one per replaced finding, by label. Raises DetectionError when a detector cannot finish."""
-    find = finder(context)
+    find = finder(context, counts)
     replacement: Replacement = reversible(context.placeholders) if context.restores else strip
     values = dict(headers.values)
     changed: list[tuple[str, str]] = []

@@ -24,6 +24,7 @@ from ext_proc.detect.subjects.matcher import CompiledSubjects
 from ext_proc.dialects import Dialect
 from ext_proc.media.parts import MediaPart
 from ext_proc.policy.model import Policy
+from ext_proc.transform.actions import apply_actions
 from ext_proc.transform.egress import check_body
 from ext_proc.transform.placeholders import Placeholders
 from ext_proc.transform.redact import (
@@ -75,8 +76,15 @@ def redact_document(
     subject_detect = subjects.detect if subjects is not None else None
     fixed_shape = catalog.restricted(FIXED_SHAPE_DETECTORS)
 
+    extensions = policy.extensions
+
     def catalog_findings(text: str, path: KeyPath | None) -> list[Finding]:
-        return [*catalog.detect(text), *structured_findings(text, path, catalog)]
+        found = catalog.detect(text)
+        structured = structured_findings(text, path, catalog)
+        if structured:
+            # What a key implies passes the allow list too (the catalog's own findings did).
+            found = [*found, *catalog.allowed(text, structured)]
+        return apply_actions(found, extensions, counts)
 
     def detect(text: str, path: KeyPath | None) -> list[Finding]:
         if surrogate:
@@ -87,7 +95,7 @@ def redact_document(
         if path and path[-1] in OPAQUE_KEYS and is_opaque_token(text):
             # A provider's opaque blob (encrypted reasoning, a signature): only a key of a fixed
             # shape can be in it; read as words it would spell initials by chance.
-            findings = fixed_shape.detect(text)
+            findings = apply_actions(fixed_shape.detect(text), extensions, counts)
         else:
             findings = detect(text, path)
             if subject_detect is not None:

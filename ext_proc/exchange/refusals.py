@@ -18,6 +18,7 @@ from ext_proc.exchange.headers import CredentialError, LookalikeHeader
 from ext_proc.exchange.runtime import BodyTooLarge
 from ext_proc.media.ocr import MaskError, OcrTimeout
 from ext_proc.storage.vault import SurrogateExhausted, VaultError
+from ext_proc.transform.actions import KindBlocked
 from ext_proc.transform.walk import KeyCollision, NestingTooDeep, NotJson
 
 
@@ -36,6 +37,7 @@ RULES: dict[type[CordonError], Rule] = {
     LookalikeHeader: Rule(400, "request", "invalid_header"),
     NestingTooDeep: Rule(422, "detection", "nesting_too_deep"),
     KeyCollision: Rule(422, "detection", "redacted_keys_collide"),
+    KindBlocked: Rule(422, "policy", "policy_blocked"),
     SubjectHeaderError: Rule(400, "request", "invalid_subject_header", prefix="X-Cordon-Subject: "),
     DetectionError: Rule(422, "detection"),
     OcrTimeout: Rule(503, "media"),

@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from ext_proc.detect.findings import ALL_SETS
+from ext_proc.policy.extensions import EXTENSION_KEYS, parse_extensions
 from ext_proc.policy.model import (
     DEFAULT_TENANT,
     FAIL_MODES,
@@ -141,16 +142,22 @@ def parse_policy(source: Path, data: object) -> Policy:
         raise PolicyError(source, "tenant", "must be a name of letters, digits, '-' or '_' (at most 64)")
     values: dict[str, Any] = {}
     for key, value in data.items():
-        if key == "tenant":
+        if key == "tenant" or key in EXTENSION_KEYS:
             continue
         parser = _PARSERS.get(key) if isinstance(key, str) else None
         if parser is None:
-            raise PolicyError(source, str(key), "unknown key; known: tenant, " + ", ".join(_PARSERS))
+            known = ", ".join(["tenant", *_PARSERS, *EXTENSION_KEYS])
+            raise PolicyError(source, str(key), "unknown key; known: " + known)
         attr, parsed = parser(source, value)
         if key in NOT_YET_SUPPORTED and parsed is True:
             raise PolicyError(source, key, NOT_YET_SUPPORTED[key])
         values[attr] = parsed
-    return Policy(tenant=tenant, source=str(source), **values)
+    extensions = parse_extensions(source, {k: v for k, v in data.items() if k in EXTENSION_KEYS})
+    if extensions.custom_kinds and values.get("consistent_pseudonyms"):
+        # A consistent pseudonym's label is one every replica's restore and vault know in
+        # advance; a tenant's own kinds are not among them, so their values could not come back.
+        raise PolicyError(source, "customKinds", "cannot be combined with consistentPseudonyms: true")
+    return Policy(tenant=tenant, source=str(source), extensions=extensions, **values)
 
 
 class _StrictLoader(yaml.SafeLoader):

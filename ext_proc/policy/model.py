@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from ext_proc.detect.catalog.extensions import NO_EXTENSIONS, Extensions
 from ext_proc.detect.findings import ALL_SETS
 from ext_proc.errors import CordonError
 
@@ -75,6 +76,8 @@ class Policy:
     skip_documentation_ips: bool = False
     output_gate: str = "report"
     output_sets_given: tuple[str, ...] | None = None  # None: the tenant's `sets`
+    # customKinds, allow, deny and actions: what the tenant adds to the catalog.
+    extensions: Extensions = NO_EXTENSIONS
     source: str = ""
 
     @property

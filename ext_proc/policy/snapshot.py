@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+from ext_proc.policy.extensions import extensions_from_record, extensions_record
 from ext_proc.policy.model import DEFAULT_TENANT, Policy, PolicySet
 
 _SNAPSHOT_VERSION = 1
@@ -24,7 +25,9 @@ def dump_policy_set(policies: PolicySet) -> str:
         for name in Policy.__dataclass_fields__:
             value = getattr(policy, name)
             record[name] = (
-                sorted(value)
+                extensions_record(value)
+                if name == "extensions"
+                else sorted(value)
                 if isinstance(value, frozenset)
                 else list(value)
                 if isinstance(value, tuple)
@@ -45,6 +48,8 @@ def load_policy_snapshot(text: str) -> PolicySet:
         for name in ("api_keys", "upstreams"):
             values[name] = frozenset(values[name])
         values["sets"] = tuple(values["sets"])
+        if "extensions" in values:
+            values["extensions"] = extensions_from_record(values["extensions"])
         if values.get("output_sets_given") is not None:
             values["output_sets_given"] = tuple(values["output_sets_given"])
         policies.append(Policy(**values))

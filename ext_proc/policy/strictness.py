@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ext_proc.detect.catalog.deny import term_key
+from ext_proc.detect.catalog.extensions import ACTION_STRICTNESS, CustomKind, Extensions
 from ext_proc.policy.model import (
     FAIL_MODE_STRICTNESS,
     MEDIA_STRICTNESS,
@@ -36,6 +38,34 @@ def _superset(target: tuple[str, ...], base: tuple[str, ...]) -> bool:
 def _output_sets(target: tuple[bool, tuple[str, ...]], base: tuple[bool, tuple[str, ...]]) -> bool:
     # Where neither file writes outputSets, the gate reads `sets`: a difference is `sets`'s to report.
     return not (target[0] or base[0]) or _superset(target[1], base[1])
+
+
+def _custom_kinds(target: Extensions, base: Extensions) -> bool:
+    # More custom kinds are stricter: the target must define every kind the base defines, alike.
+    mine: set[CustomKind] = set(target.custom_kinds)
+    return all(kind in mine for kind in base.custom_kinds)
+
+
+def _deny(target: Extensions, base: Extensions) -> bool:
+    # More deny terms are stricter: every base term must be denied by the target (compared as
+    # the deny list reads them, so a term written in another case or spacing is the same term).
+    mine = {term_key(term) for term in target.deny}
+    return all(term_key(term) in mine for term in base.deny)
+
+
+def _allow(target: Extensions, base: Extensions) -> bool:
+    # Fewer allow entries are stricter: the target may allow nothing the base does not.
+    return set(target.allow_values) <= set(base.allow_values) and set(target.allow_patterns) <= set(
+        base.allow_patterns
+    )
+
+
+def _actions(target: Extensions, base: Extensions) -> bool:
+    # Per kind, block > redact > allow.
+    kinds = {kind for kind, _ in (*target.actions, *base.actions)}
+    return all(
+        ACTION_STRICTNESS[target.action(kind)] >= ACTION_STRICTNESS[base.action(kind)] for kind in kinds
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +92,10 @@ _STRICTNESS: tuple[_Knob, ...] = (
     _Knob("outputGate", "output_gate", _ranked(OUTPUT_GATE_STRICTNESS)),
     _Knob("outputSets", "output_sets_knob", _output_sets),
     _Knob("upstreams", "upstreams", operator.eq),
+    _Knob("customKinds", "extensions", _custom_kinds),
+    _Knob("allow", "extensions", _allow),
+    _Knob("deny", "extensions", _deny),
+    _Knob("actions", "extensions", _actions),
 )
 
 
@@ -100,6 +134,12 @@ def less_strict_knobs(target: Policy, base: Policy) -> list[str]:
       and a difference there is reported as `sets`.
     - upstreams: must be identical. The set of reachable providers is an access decision, not a
       scale: fewer is not "stricter" for whoever routes there, and more is a way out.
+    - customKinds: the target must define every kind the base defines, with the same pattern,
+      validator, context and minimum length (more kinds, more redactions).
+    - allow: the target's allow entries must be among the base's (fewer values passed through).
+    - deny: the target must deny every term the base denies (compared as the deny list reads
+      them: case, spacing and separators aside).
+    - actions: per kind, allow < redact < block.
     """
     return [
         knob.key

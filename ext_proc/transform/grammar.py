@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import regex
 
+from ext_proc.detect.catalog.deny import DENY_KIND
 from ext_proc.detect.findings import CATALOG_KINDS
 from ext_proc.detect.subjects.header import KINDS as SUBJECT_KINDS
 
@@ -33,7 +34,12 @@ PSEUDONYM_HEX_CHARS = 20  # 80 bits of HMAC-SHA256
 
 # Every label a consistent pseudonym can carry: restore looks for all of them, since a reply may
 # mention a placeholder of an earlier request whose labels this request never used.
-PSEUDONYM_LABELS: tuple[str, ...] = (*CATALOG_KINDS, *(f"SUBJECT_{kind}" for kind in SUBJECT_KINDS))
+# (A tenant's own kinds are not among them: `customKinds` is refused with consistentPseudonyms.)
+PSEUDONYM_LABELS: tuple[str, ...] = (
+    *CATALOG_KINDS,
+    DENY_KIND,
+    *(f"SUBJECT_{kind}" for kind in SUBJECT_KINDS),
+)
 _PSEUDONYM_LABEL_SET = frozenset(PSEUDONYM_LABELS)
 
 # --- the parts ---------------------------------------------------------------------------------

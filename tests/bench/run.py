@@ -57,6 +57,7 @@ from ext_proc.restore.sse import SseRestorer
 from ext_proc.transform.egress import check_body
 from ext_proc.transform.placeholders import PlaceholderMap
 from ext_proc.transform.walk import dump_json, parse_json
+from tests.bench import extensions
 from tests.bench.subjects import FILLER, GIVEN, STREETS, SURNAMES
 from tests.support.e2e import PERSON, SAMPLES, leaked
 from tests.support.harness import RunningStack, free_port, running_stack, write_policies
@@ -1033,6 +1034,44 @@ def measure(
     ]
 
 
+def measure_extensions(b: Bench, body: bytes, header: str) -> list[Section]:
+    """`--extensions`: the cold and tiny lines under the plain policy and under one with 20 custom
+    kinds and 1,000 deny terms (tests.bench.extensions), and the catalog alone, in process."""
+    extended = extensions.auth_header()
+    subjects = {**TINY_REPLY, "x-cordon-subject": header}
+    cases: dict[str, tuple[bytes | Fresh, bool]] = {
+        "8 KB + 8 subjects, cold, plain policy": (Fresh(build_request(CHAT, body, subjects)), True),
+        "8 KB + 8 subjects, cold, 20 kinds + 1,000 deny": (
+            Fresh(build_request(CHAT, body, {**subjects, **extended})),
+            True,
+        ),
+        "8 KB, no subjects, cold, plain policy": (Fresh(build_request(CHAT, body, TINY_REPLY)), False),
+        "8 KB, no subjects, cold, 20 kinds + 1,000 deny": (
+            Fresh(build_request(CHAT, body, {**TINY_REPLY, **extended})),
+            False,
+        ),
+        "tiny chat, plain policy": (Fresh(build_request(CHAT, TINY_BODY, TINY_REPLY)), False),
+        "tiny chat, 20 kinds + 1,000 deny": (
+            Fresh(build_request(CHAT, TINY_BODY, {**TINY_REPLY, **extended})),
+            False,
+        ),
+    }
+    for name, (request, _) in cases.items():
+        if "tiny" not in name:  # the tiny body carries no value for the check to look for
+            b.check(name, request)
+    progress("latency at concurrency 1: plain and extended policy")
+    latency = latency_8k(b, cases)
+    plain, extended_ms = extensions.catalog_in_process(body, b.plan.pipeline_rounds * 20)
+    in_process = [
+        Row("catalog alone, 8 KB body, plain policy", "ms", plain),
+        Row("catalog alone, 8 KB body, 20 kinds + 1,000 deny", "ms", extended_ms),
+    ]
+    return [
+        ("latency, concurrency 1: plain vs extended policy", latency),
+        ("in process, one core: the catalog over the 8 KB body's strings", in_process),
+    ]
+
+
 def find(sections: list[Section], prefix: str) -> list[Row]:
     return [row for _, rows in sections for row in rows if row.name.startswith(prefix)]
 
@@ -1069,6 +1108,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer repetitions: a smoke run, about a minute")
     parser.add_argument("--soak", type=float, metavar="MINUTES", help="hold the 8 KB load, sampling RSS")
     parser.add_argument("--workers", type=int, default=2, help="ext_proc workers (default 2, as SPEC §13)")
+    parser.add_argument(
+        "--extensions",
+        action="store_true",
+        help="only the cold and tiny lines, plain policy vs 20 custom kinds + 1,000 deny terms",
+    )
     args = parser.parse_args(argv)
     plan = Plan.for_run(args.quick)
     began = time.monotonic()
@@ -1091,9 +1135,13 @@ def main(argv: list[str] | None = None) -> int:
             BENCH_LISTEN_PORT=str(bench_port),
             OPENAI_UPSTREAM=url,
             ANTHROPIC_UPSTREAM=url,
+            tenants={extensions.TENANT: extensions.policy_text()},
         ) as stack:
             bench = Bench(stack, plan, upstream_port, bench_port)
-            sections = measure(bench, plain, with_subjects, conversation, args.soak)
+            if args.extensions:
+                sections = measure_extensions(bench, body, header)
+            else:
+                sections = measure(bench, plain, with_subjects, conversation, args.soak)
 
     catalog_n, person_n = values_in(body)
     print(
@@ -1110,6 +1158,9 @@ def main(argv: list[str] | None = None) -> int:
         f"requests, c=16 {plan.load_seconds:g} s, 1 MB {plan.big_n} requests\n"
     )
     print_table(sections)
+    if args.extensions:
+        print(f"\nbench took {time.monotonic() - began:.0f} s")
+        return 0
     print("\nnotes:")
     for line in notes(sections):
         print(f"- {line}")

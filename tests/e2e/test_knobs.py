@@ -268,6 +268,13 @@ KNOB_TESTS: dict[str, list[tuple[str, str]]] = {
         ("e2e.test_output_gate", "test_off_reads_nothing"),
     ],
     "outputSets": [("e2e.test_output_gate", "test_output_sets_choose_what_the_gate_reads")],
+    "customKinds": [("e2e.test_policy_extensibility", "test_a_custom_kind_is_redacted_and_restored")],
+    "allow": [("e2e.test_policy_extensibility", "test_an_allowed_value_is_forwarded_as_written")],
+    "deny": [("e2e.test_policy_extensibility", "test_a_disguised_deny_term_is_redacted")],
+    "actions": [
+        ("e2e.test_policy_extensibility", "test_a_blocked_kind_refuses_before_the_upstream"),
+        ("e2e.test_policy_extensibility", "test_an_allowed_kind_is_forwarded_and_counted"),
+    ],
 }
 
 

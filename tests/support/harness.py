@@ -47,6 +47,8 @@ KEYS = {
     "surrogate": "sk-test-tenant-surrogate",
     "surrogate-b": "sk-test-tenant-surrogate-b",
     "surrogate-deny": "sk-test-tenant-surrogate-deny",
+    "extend": "sk-test-tenant-extend",
+    "extend-surrogate": "sk-test-tenant-extend-surrogate",
 }
 # Test-only secrets (the stack reads them from the environment like a deployment would).
 ADMIN_TOKEN = "test-admin-token-0123456789abcdef"

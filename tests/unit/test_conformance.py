@@ -156,12 +156,13 @@ def test_scan_bad_jsonl_names_the_line_not_the_content(capsys: pytest.CaptureFix
 
 def test_scan_policy_file_supplies_sets_and_documentation_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     import ext_proc.policy.load
+    from ext_proc.detect.catalog.extensions import NO_EXTENSIONS
 
     seen: list[str] = []
 
     def fake_load(path: str) -> SimpleNamespace:
         seen.append(path)
-        return SimpleNamespace(sets=("pii",), skip_documentation_ips=True)
+        return SimpleNamespace(sets=("pii",), skip_documentation_ips=True, extensions=NO_EXTENSIONS)
 
     monkeypatch.setattr(ext_proc.policy.load, "load_policy_file", fake_load)
     _, out = run_scan(["--policy", "tenant.yaml"], "192.0.2.1 10.0.0.1 4012888888881881")

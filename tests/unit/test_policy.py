@@ -31,6 +31,7 @@ from ext_proc.policy.model import (
     hash_api_key,
 )
 from ext_proc.policy.strictness import less_strict_knobs
+from tests.unit.test_policy_extensions import EXTENSION_STRICTER, LOOSEST_EXTENSIONS, STRICTEST_EXTENSIONS
 
 ROOT = Path(__file__).resolve().parents[2]
 ACME_KEY = "sk-acme-0123456789abcdef"  # invented; files store only its digest
@@ -51,6 +52,11 @@ KNOB_ATTRS = {
     "outputGate": "output_gate",
     "outputSets": "output_sets_given",
     "upstreams": "upstreams",
+    # The catalog's extensions: four keys, one value (tests/unit/test_policy_extensions.py).
+    "customKinds": "extensions",
+    "allow": "extensions",
+    "deny": "extensions",
+    "actions": "extensions",
 }
 DEFAULT_YAML = "tenant: default\nmode: reversible\nsets: [pii, pci, secrets]\nfailMode: closed\n"
 
@@ -473,6 +479,7 @@ STRICTER: list[tuple[str, object, object]] = [
     ("outputGate", "off", "deny"),
     ("outputSets", ("pii",), ("pii", "secrets")),
     ("outputSets", (), ("secrets",)),
+    *EXTENSION_STRICTER,
 ]
 
 
@@ -549,13 +556,14 @@ def test_several_less_strict_knobs_are_all_named_in_order() -> None:
         mode="off",
         outputGate="off",
         outputSets=("pii",),
+        allow=LOOSEST_EXTENSIONS,
     )
-    strictest = with_knobs(requireSubject=True, mode="strip")
+    strictest = with_knobs(requireSubject=True, mode="strip", deny=STRICTEST_EXTENSIONS)
     # All but vaultTtlSeconds, which only compares tenants that both keep values.
     assert less_strict_knobs(loosest, strictest) == [k for k in ALL_KNOBS if k != "vaultTtlSeconds"]
     both_keep = with_knobs(loosest, vaultTtlSeconds=7200)
     assert less_strict_knobs(both_keep, with_knobs(consistentPseudonyms=True, vaultTtlSeconds=60)) == [
-        k for k in ALL_KNOBS if k not in ("consistentPseudonyms", "requireSubject")
+        k for k in ALL_KNOBS if k not in ("consistentPseudonyms", "requireSubject", "customKinds", "deny")
     ]
     assert less_strict_knobs(strictest, loosest) == ["upstreams"]
     some = with_knobs(upstreams=frozenset({"anthropic"}), failMode="open", mode="off")
@@ -799,7 +807,7 @@ def test_shipped_examples_are_selected_by_their_demo_keys() -> None:
     )
     assert less_strict_knobs(strict, policies.default) == []
     assert less_strict_knobs(policies.default, strict) == ["mode", "requireSubject"]
-    assert less_strict_knobs(support, policies.default) == ["upstreams"]
+    assert less_strict_knobs(support, policies.default) == ["upstreams", "allow", "actions"]
 
 
 # --- `python -m ext_proc policy check DIR` -------------------------------------------------------

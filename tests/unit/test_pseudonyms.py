@@ -80,7 +80,7 @@ def test_every_label_redaction_can_write_is_one_restore_looks_for() -> None:
     from ext_proc.detect.subjects.header import KINDS
 
     labels = {stable_label(k) for k in CATALOG_KINDS} | {stable_label(f"SUBJECT3_{k}") for k in KINDS}
-    assert labels == set(PSEUDONYM_LABELS)
+    assert labels | {"DENY_TERM"} == set(PSEUDONYM_LABELS)  # and a policy's deny terms
     with pytest.raises(ValueError):
         PseudonymMap(KEY).placeholder_for("PASSPORT", "x")
 

@@ -19,9 +19,11 @@ import regex
 
 from ext_proc.detect.canonical import View, canonical
 from ext_proc.detect.catalog.anchors import ANCHORS, Scratch, merge_windows
+from ext_proc.detect.catalog.deny import DENY_KIND
 from ext_proc.detect.catalog.detectors import DETECTORS, MIN_FINDING_LENGTH, Detector, Requirement
+from ext_proc.detect.catalog.extensions import NO_EXTENSIONS, Extensions, Validator, compiled
 from ext_proc.detect.catalog.options import Options
-from ext_proc.detect.catalog.regexes import Span, timed_all, timed_match
+from ext_proc.detect.catalog.regexes import Span, timed_all, timed_match, timed_search
 from ext_proc.detect.catalog.validators import VALIDATORS
 from ext_proc.detect.decode import Decoded, decoded_views, hidden_view, may_hold_escapes
 from ext_proc.detect.findings import CATALOG_KINDS, SETS, Finding
@@ -68,39 +70,74 @@ def _prepare(text: str) -> View:
 class Catalog:
     """The detectors of some sets, compiled once; `detect` is safe to call from many threads."""
 
-    def __init__(self, sets: tuple[str, ...], options: Options, only: frozenset[str] | None = None) -> None:
+    def __init__(
+        self,
+        sets: tuple[str, ...],
+        options: Options,
+        only: frozenset[str] | None = None,
+        extensions: Extensions = NO_EXTENSIONS,
+    ) -> None:
         kinds = {k for s in sets for k in SETS[s]}
         self.sets = sets
         self.only = only  # detector names, when not all of the sets' detectors
         self.options = options
-        self.detectors: tuple[Detector, ...] = tuple(
-            d for d in DETECTORS if d.kind in kinds and (only is None or d.name in only)
+        # A policy's own kinds, allow and deny lists (ext_proc.detect.catalog.extensions); a
+        # restricted catalog (`only`) runs the named built-in detectors alone.
+        self.extensions = extensions if only is None else NO_EXTENSIONS
+        extra = compiled(self.extensions)
+        self._extra = extra
+        self.detectors: tuple[Detector, ...] = (
+            *(d for d in DETECTORS if d.kind in kinds and (only is None or d.name in only)),
+            *extra.detectors,
         )
-        self.kinds: frozenset[str] = frozenset(d.kind for d in self.detectors)
+        self._validators: dict[str, Validator] = dict(extra.validators)
+        self.kinds: frozenset[str] = frozenset(
+            [*(d.kind for d in self.detectors), *([DENY_KIND] if extra.deny else [])]
+        )
+        # Custom kinds rank after the built-in ones, in the order the policy lists them; deny
+        # terms last (a longer finding still wins over a shorter one: ext_proc.transform.redact).
+        custom = [*self.extensions.kind_names, DENY_KIND]
+        self._priority: dict[str, int] = {
+            kind: PRIORITY_BASE + index for index, kind in enumerate([*PRIORITY, *custom])
+        }
+        self._memo_scope = ("catalog", self.sets, self.options, self.only, extra.digest)
         self._triggers: tuple[tuple[str, bytes], ...] = tuple(
             (t, t.encode("ascii")) for t in sorted({t for d in self.detectors for t in d.triggers})
         )
 
     @classmethod
-    def for_sets(cls, sets: Iterable[str], *, skip_documentation_ips: bool = False) -> Catalog:
+    def for_sets(
+        cls,
+        sets: Iterable[str],
+        *,
+        skip_documentation_ips: bool = False,
+        extensions: Extensions = NO_EXTENSIONS,
+    ) -> Catalog:
         names = tuple(sorted(set(sets)))
         unknown = [s for s in names if s not in SETS]
         if unknown:
             raise ValueError(f"unknown catalog set(s): {', '.join(unknown)}")
-        return _catalog_for(names, skip_documentation_ips)
+        return _catalog_for(names, skip_documentation_ips, extensions)
 
     def restricted(self, detectors: frozenset[str]) -> Catalog:
         """The same catalog with only the detectors named in `detectors` (compiled once)."""
         return _restricted(self.sets, self.options, detectors)
 
     def __repr__(self) -> str:
-        return f"Catalog(sets={self.sets!r}, options={self.options!r}, only={self.only!r})"
+        return (
+            f"Catalog(sets={self.sets!r}, options={self.options!r}, only={self.only!r}, "
+            f"extensions={self._extra.digest})"
+        )
 
     def detect(self, text: str) -> list[Finding]:
         """Every validated finding in `text`, sorted by start; same-kind overlaps merged."""
-        if len(text) < MIN_FINDING_LENGTH or not self.detectors:
+        if len(text) < MIN_FINDING_LENGTH or not self.kinds:
             return []
-        return list(MEMO(("catalog", self.sets, self.options, self.only), text, self._detect_checked))
+        return list(MEMO(self._memo_scope, text, self._detect_checked))
+
+    def allowed(self, text: str, findings: list[Finding]) -> list[Finding]:
+        """`findings` of `text` (from any reader) without those the policy's allow list permits."""
+        return self._extra.allowed(text, findings)
 
     def _detect_checked(self, text: str) -> tuple[Finding, ...]:
         # A regex timeout is wall-clock time: a process starved of CPU (or of the GIL) for a
@@ -134,11 +171,11 @@ class Catalog:
             return []
         findings: list[Finding] = []
         for kind, kind_spans in spans.items():
-            priority = PRIORITY_BASE + PRIORITY.index(kind)
+            priority = self._priority[kind]
             for start, end in _merge_overlaps(kind_spans):
                 findings.append(Finding(kind, start, end, priority=priority))
         findings.sort(key=lambda f: (f.start, f.end, f.priority))
-        return findings
+        return self._extra.allowed(original, findings)
 
     def _scan_decoded(self, decoded: Decoded, view: View | None, spans: dict[str, list[Span]]) -> None:
         """Adds the findings of a decoded view (of `view`'s text, or of the original) that cover a
@@ -157,7 +194,11 @@ class Catalog:
         scratch = Scratch(text)
         present = scratch.present(self._triggers)
         spans: dict[str, list[Span]] = {}
+        gate = self._extra.gate
+        first_custom = self._extra.detectors[0] if gate is not None else None
         for detector in self.detectors:
+            if detector is first_custom and gate is not None and timed_search(gate, text) is None:
+                break  # the policy's own kinds come last, and none of their patterns matches
             if length < detector.min_length:
                 continue
             if detector.triggers and present.isdisjoint(detector.triggers):
@@ -169,10 +210,17 @@ class Catalog:
             found = list(self._run(detector, text, scratch))
             if found:
                 spans.setdefault(detector.kind, []).extend(found)
+        deny = self._extra.deny
+        if deny:
+            found = deny.find(text)
+            if found:
+                spans.setdefault(DENY_KIND, []).extend(found)
         return spans
 
     def _run(self, detector: Detector, text: str, scratch: Scratch) -> Iterator[Span]:
-        validate = VALIDATORS[detector.validator] if detector.validator else _accept
+        validate = self._validators.get(detector.name) or (
+            VALIDATORS[detector.validator] if detector.validator else _accept
+        )
         if detector.anchor is None:
             matches: Iterable[regex.Match[str]] = timed_all(detector.pattern, text)
         elif detector.anchored:
@@ -220,8 +268,8 @@ def _merge_overlaps(spans: list[Span]) -> list[Span]:
 
 
 @functools.lru_cache(maxsize=64)
-def _catalog_for(sets: tuple[str, ...], skip_documentation_ips: bool) -> Catalog:
-    return Catalog(sets, Options(skip_documentation_ips=skip_documentation_ips))
+def _catalog_for(sets: tuple[str, ...], skip_documentation_ips: bool, extensions: Extensions) -> Catalog:
+    return Catalog(sets, Options(skip_documentation_ips=skip_documentation_ips), extensions=extensions)
 
 
 @functools.lru_cache(maxsize=64)
