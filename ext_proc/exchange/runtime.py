@@ -85,6 +85,7 @@ class Runtime:
     ocr: OcrPool | None = None
     vault: VaultStorage | None = None
     max_body_bytes: int | None = None
+    ready: bool = True  # what /readyz answers: False while Redis does not answer, or draining
     # Large bodies are read here, one at a time: several at once in one process only fight over
     # the GIL (slower each, and each holding its parsed copies in memory at the same time).
     large_bodies: ThreadPoolExecutor = field(

@@ -17,7 +17,9 @@ from pathlib import Path
 from string import Template
 
 from ext_proc.dialects.routes import ROUTE_PROVIDERS
+from ext_proc.runtime import hcm
 from ext_proc.runtime.config import Settings, Upstream
+from ext_proc.runtime.hcm import READY_ROUTE
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "envoy" / "bootstrap.yaml.tmpl"
 
@@ -35,6 +37,9 @@ FILTER_HEADERS = ("x-cordon-subject", "x-tenant", "x-redact-mode")
 _NOT_FOUND_BODY = (
     '{"error":{"message":"no route for this path","type":"invalid_request_error","code":"not_found"}}'
 )
+
+
+_NOT_READY_BODY = '{"status":"not ready"}'
 
 
 def _upstream(name: str, match: str | None = None) -> str:
@@ -92,6 +97,9 @@ def render_routes() -> str:
     local_routes = "\n".join(
         [
             _local("healthz", 'path: "/healthz"', 200, "ok", filter_off=True),
+            # Answered by a worker (ready: it serves and its Redis answers); the 503 shows when no
+            # worker says so, and the local reply mapper turns Envoy's own failure into a 503 too.
+            _local(READY_ROUTE, 'path: "/readyz"', 503, _NOT_READY_BODY),
             # Answered by the processor (it sees request headers even on a direct_response route);
             # the 404 only shows should the processor ever let it through.
             _local(ADMIN_ROUTE, 'prefix: "/admin/", case_sensitive: false', 404, "{}"),
@@ -227,6 +235,7 @@ def render(settings: Settings, *, openai: Upstream, anthropic: Upstream, cert: P
         "ROUTES": render_routes(),
         "FILTERS": render_filters(settings),
         "BENCH_LISTENER": render_bench_listener(settings),
+        "HCM_EXTRAS": hcm.render(settings, 10),
     }
     for upstream in (openai, anthropic):
         prefix = upstream.name.upper()

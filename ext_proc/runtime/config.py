@@ -100,6 +100,26 @@ def _optional_port(env: Mapping[str, str], name: str) -> int | None:
     return _int(env, name, 0, low=1, high=65535)
 
 
+def _optional_path(env: Mapping[str, str], name: str) -> Path | None:
+    raw = env.get(name, "").strip()
+    return Path(raw) if raw else None
+
+
+def _redis_url(raw: str) -> str | None:
+    """REDIS_URL, checked now: a URL no client can use stops the command at once, naming the
+    variable and what is wrong (never the URL, which may hold a password), instead of every
+    worker failing on it and being restarted."""
+    from ext_proc.storage.redis_client import RedisUrlError, check_url
+
+    url = raw.strip() or None
+    if url is not None:
+        try:
+            check_url(url)
+        except RedisUrlError as exc:
+            raise ConfigError(str(exc)) from None
+    return url
+
+
 MIN_SECRET_CHARS = 32
 MIN_ADMIN_TOKEN_CHARS = 16
 
@@ -149,6 +169,7 @@ class Settings:
     receipt_retention_days: float | None  # None: keep every record
     receipt_secret: str | None  # None: generated once under RUN_DIR (one host only)
     bench_listen_port: int | None = None  # `make bench` only: a listener without the filter
+    envoy_access_log: Path | None = None  # None: RUN_DIR/logs/envoy-access.log
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -168,7 +189,7 @@ class Settings:
             extproc_port=_int(env, "EXTPROC_PORT", 50051, low=1, high=65535),
             metrics_port=_int(env, "METRICS_PORT", 9464, low=1, high=65535),
             workers=_int(env, "WORKERS", os.cpu_count() or 1, low=1, high=256),
-            redis_url=env.get("REDIS_URL", "").strip() or None,
+            redis_url=_redis_url(env.get("REDIS_URL", "")),
             policy_dir=Path(env.get("POLICY_DIR", "policies")),
             openai_upstream=parse_upstream("openai", openai) if openai else None,
             anthropic_upstream=parse_upstream("anthropic", anthropic) if anthropic else None,
@@ -191,11 +212,19 @@ class Settings:
             receipt_retention_days=_optional_days(env, "RECEIPT_RETENTION_DAYS"),
             receipt_secret=_secret(env, "RECEIPT_SECRET", MIN_SECRET_CHARS),
             bench_listen_port=_optional_port(env, "BENCH_LISTEN_PORT"),
+            envoy_access_log=_optional_path(env, "ENVOY_ACCESS_LOG"),
         )
 
     @property
     def effective_redis_url(self) -> str:
         return self.redis_url or f"redis://127.0.0.1:{DEFAULT_REDIS_PORT}/0"
+
+    @property
+    def access_log_path(self) -> Path:
+        """Envoy's access log (JSON lines): ENVOY_ACCESS_LOG, else under RUN_DIR/logs."""
+        if self.envoy_access_log is not None:
+            return self.envoy_access_log
+        return (self.run_dir / "logs" / "envoy-access.log").absolute()
 
     @property
     def redis_timeout(self) -> float:

@@ -7,6 +7,10 @@ until each is ready, prints the URLs, and on Ctrl-C or SIGTERM stops them in rev
 reason and leaves nothing running. Envoy kills itself when its parent exits (PR_SET_PDEATHSIG),
 which is why the supervisor, not the shell, is its parent. `down` stops every process by the pids
 recorded under RUN_DIR.
+
+Every file under RUN_DIR/logs holds JSON lines with `ts` and `level` and one run only: a new run
+first moves the previous run's file to `NAME.log.1`. ext_proc and Envoy write JSON themselves;
+the lines of the embedded Redis and the fake upstream are wrapped as they are written.
 """
 
 from __future__ import annotations
@@ -17,17 +21,21 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 from ext_proc.errors import CordonError
 from ext_proc.policy.load import deployment_check, load_policy_dir
-from ext_proc.runtime import bootstrap
+from ext_proc.runtime import bootstrap, logs
 from ext_proc.runtime.config import DEFAULT_REDIS_PORT, Settings, parse_upstream
 
 READY_TIMEOUT = 60.0
+# Envoy's own log as JSON lines (spdlog flags; %j is the message JSON-escaped; TZ=UTC below).
+ENVOY_LOG_FORMAT = '{"ts":"%Y-%m-%dT%H:%M:%S.%eZ","level":"%l","logger":"%n","message":"%j"}'
 STOP_TIMEOUT = 30.0
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -92,14 +100,28 @@ class Stack:
 
     # --- starting -----------------------------------------------------------------------------
 
-    def _spawn(self, name: str, command: list[str], env: dict[str, str] | None = None) -> Service:
+    def _spawn(
+        self, name: str, command: list[str], env: dict[str, str] | None = None, *, json_lines: bool = True
+    ) -> Service:
+        """Start `command` with its output in RUN_DIR/logs/NAME.log (begun afresh); a service that
+        does not write JSON lines (`json_lines` False) has each of its lines wrapped into one."""
         self.logs.mkdir(parents=True, exist_ok=True)
         self.pids.mkdir(parents=True, exist_ok=True)
         log_path = self.logs / f"{name}.log"
-        with open(log_path, "ab") as log_file:
+        logs.rotate(log_path)
+        environment = env or os.environ.copy()
+        if json_lines:
+            with open(log_path, "ab") as log_file:
+                process = subprocess.Popen(
+                    command, stdout=log_file, stderr=subprocess.STDOUT, env=environment, cwd=ROOT
+                )
+        else:
             process = subprocess.Popen(
-                command, stdout=log_file, stderr=subprocess.STDOUT, env=env or os.environ.copy(), cwd=ROOT
+                command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=environment, cwd=ROOT
             )
+            threading.Thread(
+                target=_wrap_output, args=(process, log_path, name), name=f"log-{name}", daemon=True
+            ).start()
         (self.pids / f"{name}.pid").write_text(str(process.pid))
         service = Service(name, process, log_path)
         self.services.append(service)
@@ -155,6 +177,7 @@ class Stack:
                     "--appendonly", "yes",
                     "--save", "",
                 ],
+                json_lines=False,
             )  # fmt: skip
             if not wait_port("127.0.0.1", DEFAULT_REDIS_PORT, deadline):
                 self._check_alive(redis)
@@ -172,6 +195,7 @@ class Stack:
                     "--port",
                     str(s.fake_upstream_port),
                 ],
+                json_lines=False,
             )
             if not wait_port("127.0.0.1", s.fake_upstream_port, deadline):
                 self._check_alive(fake)
@@ -188,6 +212,8 @@ class Stack:
         )
         config_path = self.run_dir / "envoy.yaml"
         config_path.write_text(config)
+        if s.envoy_access_log is None:
+            logs.rotate(s.access_log_path)
         envoy = self._spawn(
             "envoy",
             [
@@ -195,19 +221,24 @@ class Stack:
                 "-c", str(config_path.resolve()),
                 "--concurrency", str(max(2, s.workers)),
                 "--log-level", "warn",
+                "--log-format", ENVOY_LOG_FORMAT,
+                "--file-flush-interval-msec", "1000",  # the access log, written out every second
                 "--base-id", str(s.envoy_admin_port),
             ],
+            env={**os.environ, "TZ": "UTC"},
         )  # fmt: skip
         self._wait_envoy(envoy, deadline)
 
     def _wait_workers(self, extproc: Service, deadline: float) -> None:
-        from ext_proc.service.worker import ready_file
+        from ext_proc.service.worker import LIVENESS_SERVICE, ready_file
 
         s = self.settings
         while time.monotonic() < deadline:
             self._check_alive(extproc)
+            # Alive is enough to go on: a worker whose Redis does not answer yet is up, not ready
+            # (/readyz says so), and becomes ready on its own once Redis answers.
             if all(ready_file(s, i).exists() for i in range(s.workers)) and grpc_serving(
-                s.extproc_address, s.extproc_port
+                s.extproc_address, s.extproc_port, service=LIVENESS_SERVICE
             ):
                 return
             time.sleep(0.1)
@@ -254,14 +285,23 @@ def _host(address: str) -> str:
     return f"[{address}]" if ":" in address else address
 
 
-def grpc_serving(address: str, port: int) -> bool:
+def _wrap_output(process: subprocess.Popen[bytes], log_path: Path, name: str) -> None:
+    assert process.stdout is not None
+    with open(log_path, "ab") as log_file:
+        for raw in process.stdout:
+            log_file.write(logs.wrap_line(raw, name))
+            log_file.flush()
+
+
+def grpc_serving(address: str, port: int, service: str = "") -> bool:
+    """gRPC health of the workers: `""` is readiness, "liveness" whether they answer at all."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     try:
         with grpc.insecure_channel(f"{_host(address)}:{port}") as channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=""), timeout=1
+                health_pb2.HealthCheckRequest(service=service), timeout=1
             )
     except grpc.RpcError:
         return False
@@ -326,6 +366,8 @@ def run(settings: Settings, *, quiet: bool = False) -> int:
     ready_marker.write_text(str(os.getpid()))
     if not quiet:
         print(banner(settings), flush=True)
+        if not ready(settings):
+            print(NOT_READY_NOTE, file=sys.stderr, flush=True)
     code = 0
     while not stopping:
         dead = stack.failed()
@@ -353,6 +395,7 @@ def up(settings: Settings) -> int:
     for marker in ("stack.ready", "stack.failed"):
         with contextlib.suppress(FileNotFoundError):
             (run_dir / marker).unlink()
+    logs.rotate(run_dir / "logs" / "supervisor.log")
     with open(run_dir / "logs" / "supervisor.log", "ab") as log_file:
         supervisor = subprocess.Popen(
             [sys.executable, "-m", "ext_proc", "stack", "run", "--quiet"],
@@ -366,6 +409,8 @@ def up(settings: Settings) -> int:
     while time.monotonic() < deadline:
         if (run_dir / "stack.ready").exists():
             print(banner(settings, detached=True))
+            if not ready(settings):
+                print(NOT_READY_NOTE, file=sys.stderr)
             return 0
         if supervisor.poll() is not None or (run_dir / "stack.failed").exists():
             supervisor.wait(timeout=STOP_TIMEOUT + 10)
@@ -377,6 +422,26 @@ def up(settings: Settings) -> int:
     supervisor.wait(timeout=STOP_TIMEOUT + 10)
     print("cordon: make up timed out waiting for the stack", file=sys.stderr)
     return 1
+
+
+NOT_READY_NOTE = (
+    "cordon: running but not ready: Redis (REDIS_URL) does not answer; /readyz answers 503 and "
+    "requests that need a receipt are refused until it does"
+)
+
+
+def ready(settings: Settings) -> bool:
+    """What Envoy's /readyz answers: 200 once a worker serves and its Redis answers."""
+    url = f"http://{_host(settings.listen_address)}:{settings.listen_port}/readyz"
+    deadline = time.monotonic() + 3  # a worker pings Redis once a second
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as reply:
+                return bool(reply.status == 200)
+        except (urllib.error.HTTPError, OSError):
+            if time.monotonic() > deadline:
+                return False
+        time.sleep(0.2)
 
 
 def _alive(pid_file: Path) -> bool:

@@ -1,9 +1,15 @@
 """One worker process: the grpcio asyncio server of the ext_proc and health services.
 
 Each gRPC stream from Envoy is one exchange (ext_proc.exchange). The worker writes
-`RUN_DIR/extproc/worker-N.ready` once it is SERVING, keeps its policies current, publishes its
+`RUN_DIR/extproc/worker-N.ready` once it answers, keeps its policies current, publishes its
 metrics for the supervisor, and on SIGTERM stops accepting new streams and lets in-flight
 exchanges (streams included) finish within the grace.
+
+gRPC health has two meanings. `liveness` is SERVING while the process answers: a probe that
+restarts what fails asks it. The overall service (`""`) and the ext_proc service are readiness:
+SERVING only while Redis answers a PING (checked every second), NOT_SERVING while it does not,
+since then every exchange that needs a receipt is refused 503; `/readyz` on Envoy's listener is
+answered from the same state. A worker whose Redis is unreachable keeps running, not ready.
 """
 
 from __future__ import annotations
@@ -40,7 +46,12 @@ log = logging.getLogger("cordon.server")
 DRAIN_SECONDS = 20.0
 LARGE_BODY_BYTES = 256 * 1024
 SERVICE_NAME = "envoy.service.ext_proc.v3.ExternalProcessor"
+LIVENESS_SERVICE = "liveness"
+READINESS_SERVICES = ("", SERVICE_NAME)
 METRICS_SECONDS = 1.0
+READY_SECONDS = 1.0
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]  # generated, untyped
@@ -103,6 +114,28 @@ async def publish_metrics(settings: Settings, runtime: Runtime, index: int) -> N
         except OSError as exc:
             log.warning(json.dumps({"event": "metrics_write_failed", "error": type(exc).__name__}))
         await asyncio.sleep(METRICS_SECONDS)
+
+
+async def watch_readiness(
+    store: ReceiptStore, runtime: Runtime, health_servicer: health.aio.HealthServicer, index: int
+) -> None:
+    """Readiness follows Redis: a PING every READY_SECONDS (bounded by REDIS_TIMEOUT_MS); the
+    first failure makes the worker not ready, the first success ready again. Logged on change."""
+    ready: bool | None = None
+    while True:
+        now = await store.ping()
+        runtime.metrics.set_gauge("cordon_ready", 1 if now else 0, worker=str(index))
+        if now != ready:
+            runtime.ready = now
+            status = SERVING if now else NOT_SERVING
+            for service in READINESS_SERVICES:
+                await health_servicer.set(service, status)
+            if now and ready is not None:
+                log.info(json.dumps({"event": "worker_ready"}))
+            elif not now:
+                log.warning(json.dumps({"event": "worker_not_ready", "reason": "redis unreachable"}))
+            ready = now
+        await asyncio.sleep(READY_SECONDS)
 
 
 async def watch_chains(
@@ -181,8 +214,8 @@ async def run_worker(settings: Settings, index: int) -> None:
     if server.add_insecure_port(address) == 0:
         raise SystemExit(f"worker {index}: cannot bind {address}")
     await server.start()
-    for service in ("", SERVICE_NAME):
-        await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+    await health_servicer.set(LIVENESS_SERVICE, SERVING)
+    readiness = asyncio.create_task(watch_readiness(store, runtime, health_servicer, index))
     marker = ready_file(settings, index)
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text(str(os.getpid()))
@@ -206,10 +239,13 @@ async def run_worker(settings: Settings, index: int) -> None:
     await stop.wait()
     watcher.cancel()
     checker.cancel()
+    readiness.cancel()
+    runtime.ready = False
+    metrics.set_gauge("cordon_ready", 0, worker=str(index))
     with contextlib.suppress(FileNotFoundError):
         marker.unlink()
-    for service in ("", SERVICE_NAME):
-        await health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+    for service in (*READINESS_SERVICES, LIVENESS_SERVICE):
+        await health_servicer.set(service, NOT_SERVING)
     await server.stop(DRAIN_SECONDS)
     publisher.cancel()
     write_snapshot(runtime.metrics, settings.run_dir, index)

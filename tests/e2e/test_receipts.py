@@ -229,7 +229,7 @@ def test_receipts_log_names_the_hash_not_values(stack: RunningStack, upstream: F
 
 
 def test_metrics_count_without_values(stack: RunningStack, upstream: FakeUpstream) -> None:
-    """/metrics sums both workers; labels are kinds, stages and dialects, never a value."""
+    """/metrics sums both workers; labels are kinds, stages, dialects and tenants, never a value."""
     url = f"http://127.0.0.1:{stack.settings.metrics_port}/metrics"
 
     def scrape() -> str:
@@ -240,17 +240,20 @@ def test_metrics_count_without_values(stack: RunningStack, upstream: FakeUpstrea
     def value(text: str, series: str) -> float:
         return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(series + " "))
 
-    before = value(scrape(), 'cordon_findings_total{kind="EMAIL"}')
+    before = value(scrape(), 'cordon_findings_total{kind="EMAIL",tenant="default"}')
     port = stack.settings.listen_port
     for _ in range(4):
         assert request(port, "POST", CHAT, chat_body(SENTENCE)).status == 200
     assert request(port, "POST", CHAT, "not json").status == 400
     deadline = time.monotonic() + 5
     text = scrape()
-    while value(text, 'cordon_findings_total{kind="EMAIL"}') < before + 4 and time.monotonic() < deadline:
+    while (
+        value(text, 'cordon_findings_total{kind="EMAIL",tenant="default"}') < before + 4
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.2)
         text = scrape()
-    assert value(text, 'cordon_findings_total{kind="EMAIL"}') >= before + 4
-    assert value(text, 'cordon_refusals_total{stage="request"}') >= 1
+    assert value(text, 'cordon_findings_total{kind="EMAIL",tenant="default"}') >= before + 4
+    assert value(text, 'cordon_refusals_total{stage="request",tenant="default"}') >= 1
     assert 'cordon_phase_seconds_bucket{phase="receipt",le="+Inf"}' in text
     assert leaked(text) == []

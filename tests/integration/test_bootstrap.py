@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
+import re
 import socket
 import ssl
 import stat
@@ -22,6 +24,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 from ext_proc.dialects.routes import ROUTE_PROVIDERS
 from ext_proc.runtime import bootstrap
 from ext_proc.runtime.config import ConfigError, Settings, parse_upstream
+from ext_proc.runtime.hcm import READY_ROUTE
 from ext_proc.runtime.stack import Stack, StackError, envoy_binary
 from tests.support.harness import free_port
 
@@ -83,6 +86,7 @@ def render_case(case: str, tmp: Path, **extra: str) -> Rendered:
     )
     path = tmp / "envoy.yaml"
     path.write_text(text)
+    settings.access_log_path.parent.mkdir(parents=True, exist_ok=True)  # Envoy opens it at start
     return Rendered(settings, path, yaml.safe_load(text), cert.resolve(), key.resolve())
 
 
@@ -280,6 +284,39 @@ def test_healthz_disables_ext_proc_and_admin_does_not(rendered: Rendered) -> Non
     admin = by_name[bootstrap.ADMIN_ROUTE]
     assert "typed_per_filter_config" not in admin
     assert "route" not in admin
+
+
+def test_readyz_goes_through_the_processor(rendered: Rendered) -> None:
+    """/readyz is answered by a worker (the filter stays on); unanswered, the route says 503."""
+    by_name = {r["name"]: r for r in routes(rendered.doc)}
+    ready = by_name[READY_ROUTE]
+    assert ready["match"] == {"path": "/readyz"}
+    assert ready["direct_response"]["status"] == 503
+    assert "typed_per_filter_config" not in ready
+
+
+def test_access_log_and_local_replies_on_every_filtered_listener(rendered: Rendered) -> None:
+    """Each listener writes JSON access lines without a header value or the query string, and
+    maps Envoy's own 413 to the route's provider shape and an unanswered /readyz to 503."""
+    for item in listeners(rendered.doc):
+        manager = hcm(item)
+        (log,) = manager["access_log"]
+        config = log["typed_config"]
+        assert config["path"] == str(rendered.settings.access_log_path)
+        fields = config["log_format"]["json_format"]
+        assert {"ts", "level", "method", "path", "status", "flags", "upstream_cluster"} <= set(fields)
+        assert {"duration_ms", "bytes_received", "bytes_sent"} <= set(fields)
+        operators = " ".join(fields.values())
+        assert "%REQ(:PATH)%" not in operators  # the path with its query string
+        assert all(v.startswith("%REQ(:") for v in re.findall(r"%REQ\([^)]*\)%", operators))
+        expressions = [
+            m["filter"]["extension_filter"]["typed_config"]["expression"]
+            for m in (manager["local_reply_config"]["mappers"])
+        ]
+        assert expressions[0].startswith(f'xds.route_name == "{READY_ROUTE}"')
+        assert all("413" in e and "cordon_" in e for e in expressions[1:])
+        anthropic_routes = sorted(n for n, (p, _) in ROUTE_PROVIDERS.items() if p.name == "anthropic")
+        assert json.dumps(anthropic_routes) in expressions[1]
 
 
 def test_https_upstream_by_ip_matches_an_ip_san(tmp_path: Path) -> None:

@@ -52,11 +52,13 @@ LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml where present:
 
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 OUR_IMAGE = f"cordon-ext-proc:{PYPROJECT['project']['version']}"
+DEMO_IMAGE = f"{OUR_IMAGE}-demo"  # the Dockerfile's `demo` target
+CONSTRAINTS = ROOT / ".ci" / "constraints.txt"
 OUR_UID = 10001
 DEFAULTS = Settings.from_env({})
 
-# SPEC §3, the operational contract: every one of these must be read by ext_proc/config.py.
-SPEC_ENV = (
+# The operational contract: every one of these must be read by ext_proc/config.py.
+CONTRACT_ENV = (
     "LISTEN_PORT", "TLS_PORT", "ENVOY_ADMIN_PORT", "EXTPROC_PORT", "WORKERS", "REDIS_URL",
     "POLICY_DIR", "OPENAI_UPSTREAM", "ANTHROPIC_UPSTREAM", "ADMIN_TOKEN", "TENANT_SECRET",
     "TRUST_TENANT_HEADER", "MAX_BODY_BYTES", "RUN_DIR",
@@ -66,6 +68,7 @@ SECRETS = ("ADMIN_TOKEN", "RECEIPT_SECRET", "TENANT_SECRET")
 K8S_SECRETS: dict[str, frozenset[str]] = {
     "cordon-secrets": frozenset({"REDIS_URL", "RECEIPT_SECRET", "ADMIN_TOKEN", "TENANT_SECRET"}),
     "cordon-tls": frozenset({"tls.crt", "tls.key"}),
+    "cordon-redis": frozenset({"password"}),
 }
 OTHER_IMAGES = {"redis:7.2-alpine", "registry.example.com/your-agent:1.0"}
 LOOPBACK = "127.0.0.1"
@@ -85,6 +88,7 @@ K8S_ENVOY_ENV = {
     "ANTHROPIC_UPSTREAM": "https://api.anthropic.com",
     "TLS_CERT_FILE": "/etc/cordon/tls/tls.crt",
     "TLS_KEY_FILE": "/etc/cordon/tls/tls.key",
+    "ENVOY_ACCESS_LOG": "/dev/stdout",
 }
 
 
@@ -167,6 +171,21 @@ def dockerfile() -> list[Instruction]:
         pending = ""
     assert pending == "", "the Dockerfile ends inside a continued line"
     return instructions
+
+
+def stages() -> dict[str, list[Instruction]]:
+    """Each target's instructions, those of the stage it is built FROM first. The last stage is
+    the default target, keyed "" as well as by its name."""
+    targets: dict[str, list[Instruction]] = {}
+    name = ""
+    for instruction in dockerfile():
+        if instruction.keyword == "FROM":
+            image, _, name = instruction.args.partition(" AS ")
+            targets[name] = [*targets.get(image.strip(), []), instruction]
+        else:
+            targets[name].append(instruction)
+    targets[""] = targets[name]
+    return targets
 
 
 def only(instructions: list[Instruction], keyword: str) -> list[Instruction]:
@@ -254,16 +273,27 @@ def image_files(instructions: list[Instruction]) -> set[str]:
     return files
 
 
-def test_every_module_the_image_runs_or_imports_is_in_it() -> None:
+def python_modules(text: str) -> set[str]:
+    """The M of every `python -m M` in a command, written as words or as a JSON list."""
+    return set(re.findall(r"python\"?, \"?-m\"?,? \"?([a-z_.]+)", text))
+
+
+@pytest.mark.parametrize("target", ["", "demo"], ids=["production", "demo"])
+def test_every_module_the_image_runs_or_imports_is_in_it(target: str) -> None:
     """`python -m M` in compose and the manifests, and `from M import N` in the HEALTHCHECK, name
-    modules the image holds (with their packages' __init__.py) and names that exist."""
-    instructions = dockerfile()
+    modules the target holds (with their packages' __init__.py) and names that exist: the demo
+    target runs the fake upstream too, the production one everything else."""
+    instructions = stages()[target]
     files = image_files(instructions)
-    commands = [json.dumps(parsed_compose()), *(p.read_text() for p in sorted(K8S.glob("*.yaml")))]
-    modules = {m for text in commands for m in re.findall(r"python\"?, \"?-m\"?,? \"?([a-z_.]+)", text)}
+    services = parsed_compose()["services"]
+    image = DEMO_IMAGE if target else OUR_IMAGE
+    commands = [json.dumps(s) for s in services.values() if s.get("image") == image]
+    if not target:
+        commands += [p.read_text() for p in sorted(K8S.glob("*.yaml"))]
+    modules = {m for text in commands for m in python_modules(text)}
     health = " ".join(i.args for i in only(instructions, "HEALTHCHECK"))
     imports = re.findall(r"from ([a-z_.]+) import ([A-Za-z_]+)", health)
-    assert "tests.support.fake_upstream" in modules and imports
+    assert imports and ("tests.support.fake_upstream" in modules) == bool(target)
     for module in {*modules, *(m for m, _ in imports)}:
         parts = module.split(".")
         candidates = {"/".join(parts) + ".py", "/".join(parts) + "/__main__.py"}
@@ -272,6 +302,88 @@ def test_every_module_the_image_runs_or_imports_is_in_it() -> None:
             assert "/".join(parts[:i]) + "/__init__.py" in files, f"the image lacks the package of {module}"
     for module, name in imports:
         assert hasattr(importlib.import_module(module), name), f"{module} has no {name}"
+
+
+def test_production_image_holds_no_test_file_and_no_example_policy() -> None:
+    """The default target copies nothing from tests/ and only the default policy file (the
+    example tenants carry demo keys); the demo target adds the fake upstream and every policy
+    file; compose builds the demo target for the demo profile only."""
+    targets = stages()
+    assert list(targets)[-2] == "production" and targets[""] is targets["production"]
+    production = targets["production"]
+    sources = [s for i in only(production, "COPY") for s in i.args.split()[:-1]]
+    assert not any(s.startswith("tests") for s in sources)
+    policy_copies = [i.args.split() for i in only(production, "COPY") if "policies" in i.args]
+    assert policy_copies == [["policies/default.yaml", "/etc/cordon/policies/default.yaml"]]
+    assert docker_env(production)["POLICY_DIR"] == "/etc/cordon/policies"
+    demo = targets["demo"]
+    assert "tests/support/fake_upstream.py" in image_files(demo)
+    assert ["policies", "/etc/cordon/policies"] in [i.args.split() for i in only(demo, "COPY")]
+    assert only(demo, "USER") and only(production, "USER")  # inherited from the base stage
+    services = compose()["services"]
+    for name, service in services.items():
+        if service.get("image") == DEMO_IMAGE:
+            assert service["build"]["target"] == "demo" and service["profiles"] == ["demo"], name
+        elif uses_our_image(service):
+            assert "target" not in service["build"], f"{name}: the default (production) target"
+
+
+# --- pinned versions: .ci/constraints.txt --------------------------------------------------------
+
+
+def normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def constraint_pins() -> dict[str, str]:
+    pins: dict[str, str] = {}
+    for line in CONSTRAINTS.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, sep, version = line.partition("==")
+            assert sep and version and not re.search(r"[<>=!~;\s]", version), f"not pinned: {line}"
+            pins[normalized(name)] = version
+    return pins
+
+
+def test_constraints_pin_every_requirement() -> None:
+    """Every package pyproject.toml requires, in the dependencies and in every extra, is pinned
+    (==) in .ci/constraints.txt at a version its specifier accepts; the project itself is not."""
+    from packaging.requirements import Requirement
+
+    pins = constraint_pins()
+    project = PYPROJECT["project"]
+    requirements = [
+        *project["dependencies"],
+        *(r for extra in project["optional-dependencies"].values() for r in extra),
+    ]
+    for text in requirements:
+        requirement = Requirement(text)
+        name = normalized(requirement.name)
+        assert name in pins, f"{requirement.name} is not pinned in .ci/constraints.txt"
+        assert requirement.specifier.contains(pins[name], prereleases=True), f"{name}=={pins[name]}: {text}"
+    assert normalized(project["name"]) not in pins
+
+
+def test_constraints_are_used_by_make_the_dockerfile_and_ci() -> None:
+    """`make install` and every pip install of the Dockerfile use the constraints file; both pin
+    pip to one version; CI installs through `make`."""
+    makefile = (ROOT / "Makefile").read_text()
+    pip_pin = re.search(r"^PIP_VERSION\s*:=\s*(\S+)", makefile, re.M)
+    assert pip_pin and re.fullmatch(r"\d+(\.\d+)+", pip_pin.group(1))
+    assert re.search(r"^CONSTRAINTS\s*:=\s*\.ci/constraints\.txt$", makefile, re.M)
+    install = makefile.split("$(STAMP):", 1)[1].split("\n\n", 1)[0]
+    pip_lines = [line for line in install.splitlines() if "pip install" in line]
+    assert '"pip==$(PIP_VERSION)"' in pip_lines[0]
+    assert all("-c $(CONSTRAINTS)" in line for line in pip_lines[1:]) and len(pip_lines) == 3
+    instructions = dockerfile()
+    copied = {i.args.split()[0]: i.args.split()[-1] for i in only(instructions, "COPY")}
+    inside = copied[".ci/constraints.txt"].removeprefix("./")
+    runs = [i.args for i in only(instructions, "RUN") if "pip install" in i.args]
+    assert f'"pip=={pip_pin.group(1)}"' in runs[0]
+    assert all(f"-c {inside}" in run for run in runs[1:]) and len(runs) == 3
+    assert "make test" in (ROOT / ".ci" / "run").read_text()
+    assert "make constraints" in CONSTRAINTS.read_text()  # the header says how to refresh it
 
 
 # --- docker-compose.yml ---------------------------------------------------------------------------
@@ -335,7 +447,7 @@ def command_option(command: list[str] | str, option: str) -> str:
 
 
 def uses_our_image(service: Doc) -> bool:
-    return service.get("image") == OUR_IMAGE
+    return service.get("image") in (OUR_IMAGE, DEMO_IMAGE)
 
 
 @functools.cache
@@ -395,7 +507,7 @@ def test_compose_environment_names_are_read_by_ext_proc() -> None:
 
 
 def test_env_name_check_can_fail() -> None:
-    assert set(SPEC_ENV) <= KNOWN_ENV
+    assert set(CONTRACT_ENV) <= KNOWN_ENV
     assert unknown_names(["EXTPROC_PORT", "EXTPROC_PROT", "LISTEN_PORTS"]) == {"EXTPROC_PROT", "LISTEN_PORTS"}
 
 
@@ -653,7 +765,7 @@ def envoy_config() -> Doc:
     return load(configmap("cordon-envoy")["data"]["envoy.yaml"])
 
 
-@pytest.mark.parametrize("name", ["agent", "cordon-gateway"])
+@pytest.mark.parametrize("name", ["agent", "cordon-gateway", "cordon-admin"])
 def test_k8s_pod_ports_probes_and_mounts(name: str) -> None:
     """In each pod, Envoy's bootstrap reaches ext_proc over loopback on the port it listens on;
     Envoy's container ports are the bootstrap's listeners; probes use ports that exist (gRPC health
@@ -671,6 +783,9 @@ def test_k8s_pod_ports_probes_and_mounts(name: str) -> None:
     assert port_numbers(ext) == {"grpc": int(env["EXTPROC_PORT"]), "metrics": int(env["METRICS_PORT"])}
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert ext[probe]["grpc"]["port"] == int(env["EXTPROC_PORT"]), probe
+    # Restarted only when it does not answer; not ready (never restarted) while Redis is down.
+    assert ext["startupProbe"]["grpc"]["service"] == ext["livenessProbe"]["grpc"]["service"] == "liveness"
+    assert "service" not in ext["readinessProbe"]["grpc"]
     policies = ext_mounts[env["POLICY_DIR"]]
     assert volumes[policies["name"]]["configMap"]["name"] == "cordon-policies" and policies["readOnly"]
     for path in (env["RUN_DIR"], "/tmp"):
@@ -685,8 +800,9 @@ def test_k8s_pod_ports_probes_and_mounts(name: str) -> None:
         "https": listener(config, "tls").port,
     }
     assert listener(config, "plain").address == "0.0.0.0"  # probed on the pod IP
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+    for probe in ("startupProbe", "livenessProbe"):
         assert envoy[probe]["httpGet"] == {"path": "/healthz", "port": "http"}, probe
+    assert envoy["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     config_path = Path(command_option(envoy["command"], "-c"))
     config_volume = volumes[envoy_mounts[str(config_path.parent)]["name"]]
     assert config_volume["configMap"]["name"] == "cordon-envoy"
@@ -748,27 +864,139 @@ def test_k8s_gateway_replicas_service_and_disruption_budget() -> None:
     assert envoy_sleep < ext_sleep < template["spec"]["terminationGracePeriodSeconds"]
 
 
+def selects(selector: Doc, labels: Mapping[str, str]) -> bool:
+    return matches(selector.get("matchLabels", {}), labels) and not selector.get("matchExpressions")
+
+
+def selected_workloads(policy: Doc) -> list[Doc]:
+    return [
+        w
+        for w in workloads()
+        if selects(policy["spec"]["podSelector"], w["spec"]["template"]["metadata"]["labels"])
+    ]
+
+
+def rule_ports(rule: Doc) -> set[tuple[str, int]]:
+    return {(p.get("protocol", "TCP"), p["port"]) for p in rule.get("ports", [])}
+
+
 def test_k8s_network_policies_keep_the_grpc_port_closed() -> None:
-    """Each policy selects one of our pods and lets in its metrics (and, for the gateway, its
-    listeners) but never ext_proc's gRPC port, which serves the pod's own Envoy over loopback."""
-    policies = of_kind("NetworkPolicy")
-    assert {p["metadata"]["name"] for p in policies} == {"agent-cordon", "cordon-gateway"}
-    for policy in policies:
-        targets = [
-            w
-            for w in workloads()
-            if matches(
-                policy["spec"]["podSelector"]["matchLabels"], w["spec"]["template"]["metadata"]["labels"]
-            )
-        ]
-        assert len(targets) == 1, policy["metadata"]["name"]
-        pod = targets[0]["spec"]["template"]["spec"]
-        ext, envoy = ext_proc_and_envoy(pod)
-        allowed = {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]}
+    """Each policy on one of our pods lets in its metrics (and, for the gateway, its listeners)
+    but never ext_proc's gRPC port, which serves the pod's own Envoy over loopback."""
+    policies = {p["metadata"]["name"]: p for p in of_kind("NetworkPolicy")}
+    assert set(policies) == {
+        "agent-cordon",
+        "cordon-gateway",
+        "cordon-admin",
+        "cordon-redis",
+        "cordon-agent-egress",
+    }
+    for name in ("agent-cordon", "cordon-gateway", "cordon-admin"):
+        targets = selected_workloads(policies[name])
+        assert len(targets) == 1, name
+        ext, envoy = ext_proc_and_envoy(targets[0]["spec"]["template"]["spec"])
+        allowed = {port for rule in policies[name]["spec"]["ingress"] for _, port in rule_ports(rule)}
         assert int(plain_env(ext)["EXTPROC_PORT"]) not in allowed
         assert int(plain_env(ext)["METRICS_PORT"]) in allowed
-        if targets[0]["metadata"]["name"] == "cordon-gateway":
+        if name == "cordon-gateway":
             assert set(port_numbers(envoy).values()) <= allowed
+        if name == "cordon-admin":  # the TLS listener only, and to the auditors' pods only
+            assert allowed == {port_numbers(envoy)["https"], int(plain_env(ext)["METRICS_PORT"])}
+
+
+DNS = {("UDP", 53), ("TCP", 53)}
+
+
+def egress_by_ports(policy: Doc) -> dict[frozenset[tuple[str, int]], list[Doc]]:
+    assert "Egress" in policy["spec"]["policyTypes"], policy["metadata"]["name"]
+    return {frozenset(rule_ports(rule)): rule["to"] for rule in policy["spec"].get("egress", [])}
+
+
+def test_k8s_egress_the_gateway_reaches_dns_the_providers_and_redis_only() -> None:
+    """The gateway (and the sidecar pod) reach DNS, TCP 443 on public addresses and the trial
+    Redis, nothing else; the admin pods DNS and Redis only, never a provider."""
+    policies = {p["metadata"]["name"]: p for p in of_kind("NetworkPolicy")}
+    redis_labels = workload("cordon-redis")["spec"]["template"]["metadata"]["labels"]
+    for name in ("cordon-gateway", "agent-cordon", "cordon-admin"):
+        rules = egress_by_ports(policies[name])
+        https = frozenset({("TCP", 443)})
+        expected = {frozenset(DNS), frozenset({("TCP", 6379)})} | (
+            {https} if name != "cordon-admin" else set()
+        )
+        assert set(rules) == expected, name
+        assert all(
+            peer["podSelector"]["matchLabels"] == {"k8s-app": "kube-dns"} for peer in rules[frozenset(DNS)]
+        )
+        assert all(selects(peer["podSelector"], redis_labels) for peer in rules[frozenset({("TCP", 6379)})])
+        if name != "cordon-admin":
+            blocks = [peer["ipBlock"] for peer in rules[https]]
+            assert len(blocks) == len(rules[https]), "providers by address only"
+            assert {b["cidr"] for b in blocks} == {"0.0.0.0/0", "::/0"}
+            assert "10.0.0.0/8" in blocks[0]["except"] and "169.254.0.0/16" in blocks[0]["except"]
+
+
+def test_k8s_agents_reach_the_gateway_only_and_redis_is_reached_by_cordon_only() -> None:
+    """The agents' egress policy allows DNS and the gateway's listeners, nothing else; Redis lets
+    in only pods that run ext_proc, and reaches nothing."""
+    policies = {p["metadata"]["name"]: p for p in of_kind("NetworkPolicy")}
+    agents = policies["cordon-agent-egress"]
+    assert agents["spec"]["policyTypes"] == ["Egress"]
+    rules = egress_by_ports(agents)
+    gateway = workload("cordon-gateway")
+    listeners = frozenset(
+        ("TCP", p) for p in port_numbers(container(gateway["spec"]["template"]["spec"], "envoy")).values()
+    )
+    assert set(rules) == {frozenset(DNS), listeners}
+    for peer in rules[listeners]:
+        assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "cordon"}
+        assert selects(peer["podSelector"], gateway["spec"]["template"]["metadata"]["labels"])
+    assert "cordon.io/egress" in agents["spec"]["podSelector"]["matchLabels"]
+    assert "cordon.io/egress: gateway" in (K8S / "agent-egress.yaml").read_text()  # the header says so
+
+    redis = policies["cordon-redis"]
+    assert redis["spec"]["policyTypes"] == ["Ingress", "Egress"] and redis["spec"]["egress"] == []
+    peers = [peer for rule in redis["spec"]["ingress"] for peer in rule["from"]]
+    assert all(rule_ports(rule) == {("TCP", 6379)} for rule in redis["spec"]["ingress"])
+    let_in = {
+        w["metadata"]["name"]
+        for w in workloads()
+        for peer in peers
+        if selects(peer["podSelector"], w["spec"]["template"]["metadata"]["labels"])
+    }
+    assert let_in == {"cordon-gateway", "cordon-admin", "agent"}
+    assert all(
+        any(c["name"] == "ext-proc" for c in pod_containers(workload(n)["spec"]["template"]["spec"]))
+        for n in let_in
+    )
+
+
+def test_k8s_admin_api_only_on_the_admin_pods() -> None:
+    """ADMIN_TOKEN reaches the cordon-admin pods (required there) and no other pod, so /admin is
+    closed on the gateway and in the agents' pods; the admin Service publishes the TLS listener."""
+    for doc in workloads():
+        for item in pod_containers(doc["spec"]["template"]["spec"]):
+            names = {e["name"] for e in item.get("env", [])}
+            assert ("ADMIN_TOKEN" in names) == (
+                doc["metadata"]["name"] == "cordon-admin" and item["name"] == "ext-proc"
+            )
+    admin = workload("cordon-admin")
+    token = next(
+        e
+        for e in container(admin["spec"]["template"]["spec"], "ext-proc")["env"]
+        if e["name"] == "ADMIN_TOKEN"
+    )
+    assert "optional" not in token["valueFrom"]["secretKeyRef"]
+    service = next(s for s in of_kind("Service") if s["metadata"]["name"] == "cordon-admin")
+    assert selects(
+        {"matchLabels": service["spec"]["selector"]}, admin["spec"]["template"]["metadata"]["labels"]
+    )
+    assert [p["targetPort"] for p in service["spec"]["ports"]] == ["https"]
+
+
+def test_k8s_namespace() -> None:
+    namespace = next(doc for doc in of_kind("Namespace"))
+    assert namespace["metadata"]["name"] == "cordon"
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
 
 
 def test_k8s_redis_trial() -> None:
@@ -780,7 +1008,12 @@ def test_k8s_redis_trial() -> None:
     assert matches(service["spec"]["selector"], redis["spec"]["template"]["metadata"]["labels"])
     port = service["spec"]["ports"][0]
     assert port_numbers(item)[port["targetPort"]] == port["port"] == 6379
-    assert f"redis://cordon-redis:{port['port']}/0" in (K8S / "redis.yaml").read_text()
+    text = (K8S / "redis.yaml").read_text()
+    assert f"redis://:$PASSWORD@cordon-redis:{port['port']}/0" in text
+    env = {e["name"]: e for e in item["env"]}
+    for name in ("REDIS_PASSWORD", "REDISCLI_AUTH"):  # the server's password and redis-cli's
+        assert env[name]["valueFrom"]["secretKeyRef"] == {"name": "cordon-redis", "key": "password"}
+    assert item["args"][:2] == ["--requirepass", "$(REDIS_PASSWORD)"]
 
 
 # --- the generated ConfigMaps ---------------------------------------------------------------------

@@ -46,6 +46,10 @@ NOT_OURS = {
     "ANTHROPIC_API_KEY": "catalog.md: as above",
     "DB_PASSWORD": "catalog.md: an example of a secret assignment in an environment file",
     "API_TOKEN": "catalog.md: as above",
+    "DENY_TERM": "the kind of a policy's deny terms (ext_proc.detect.catalog.deny.DENY_KIND)",
+    "ALLOWED_IP": "the receipt count of a kind under `actions: allow` (ALLOWED_PREFIX + kind)",
+    "EMPLOYEE_ID": "policies.md, catalog.md: an example custom kind",
+    "PROJECT_NIGHTINGALE": "catalog.md: an example deny term, written in capitals",
 }
 
 FORBIDDEN = [

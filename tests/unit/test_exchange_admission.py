@@ -242,7 +242,24 @@ def test_a_declared_identifier_in_the_path_under_report_only_is_recorded_not_ref
 # --- the route and the upstream ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("route", ["not-found", "", None])
+def test_the_not_found_route_is_answered_404_without_a_receipt() -> None:
+    """A path no route knows: refused in the OpenAI shape, counted, and no receipt written (a scan
+    of random paths must not fill the tenant's chain)."""
+    receipts = FakeReceipts()
+    s = stream(receipts)
+    answer = s.request_headers("/v2/nowhere", [bearer("sk-acme")], route="not-found")
+    assert answer.phase == "immediate_response"
+    assert answer.refused and answer.status == 404
+    assert answer.headers["x-cordon-stage"] == "routing"
+    assert "x-cordon-receipt" not in answer.headers
+    assert error(answer)["code"] == "not_found"
+    assert receipts.receipts == []
+    metrics = s.exchange.runtime.metrics
+    assert metrics.counter("cordon_unrouted_total") == 1
+    assert metrics.counter("cordon_exchanges_total", dialect="none", decision="refused", tenant="acme") == 0
+
+
+@pytest.mark.parametrize("route", ["", None])
 def test_an_unknown_route_is_answered_404_here(route: str | None) -> None:
     receipts = FakeReceipts()
     s = stream(receipts)

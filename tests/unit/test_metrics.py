@@ -46,3 +46,33 @@ def test_label_values_are_escaped() -> None:
     m = Metrics()
     m.inc("cordon_gaps_total", what='a"b\\c\nd')
     assert 'what="a\\"b\\\\c\\nd"' in render(m)
+
+
+def test_gauges_come_from_running_workers_only(tmp_path: Path) -> None:
+    """A worker's readiness is a gauge: a dead worker's old snapshot gives its counters, not it."""
+    import os
+
+    from ext_proc.audit.metrics import STALE_SECONDS
+
+    live, dead = Metrics(), Metrics()
+    live.set_gauge("cordon_ready", 1, worker="0")
+    dead.set_gauge("cordon_ready", 0, worker="1")
+    dead.inc("cordon_receipts_total", 3)
+    write_snapshot(dead, tmp_path, 1)
+    old = next((tmp_path / "extproc" / "metrics").glob("worker-1-*.json"))
+    os.utime(old, (old.stat().st_atime - STALE_SECONDS - 1, old.stat().st_mtime - STALE_SECONDS - 1))
+    write_snapshot(live, tmp_path, 0)
+    total = read_all(tmp_path)
+    assert total.gauge("cordon_ready", worker="0") == 1
+    assert total.gauge("cordon_ready", worker="1") is None
+    assert total.counter("cordon_receipts_total") == 3
+    assert "# TYPE cordon_ready gauge" in render(total)
+
+
+def test_build_info_names_the_version() -> None:
+    from ext_proc import __version__
+    from ext_proc.audit.metrics import with_build_info
+
+    text = render(with_build_info(Metrics()))
+    assert f'cordon_build_info{{version="{__version__}"}} 1' in text
+    assert "# TYPE cordon_build_info gauge" in text

@@ -21,7 +21,7 @@ from ext_proc.audit.receipts.record import Receipt, ReceiptFields
 from ext_proc.audit.receipts.settle import Settler
 from ext_proc.audit.receipts.verify import ChainVerifier, VerifyResult
 from ext_proc.audit.receipts.writer import ChainWriter
-from ext_proc.storage.redis_client import RedisClient, connect
+from ext_proc.storage.redis_client import RedisClient, bounded, connect
 
 MAX_BATCH = 64
 BATCH_GRACE_SECONDS = 0.05  # how long a queued caller past its deadline waits for its batch's end
@@ -98,6 +98,14 @@ class ReceiptStore:
             max_attempts=max_attempts,
             turn_ms=turn_ms,
         )
+
+    async def ping(self) -> bool:
+        """Whether Redis answers a PING within the timeout (a worker's readiness)."""
+        try:
+            await bounded(self._chains.reader.ping(), self._timeout, ReceiptError)
+        except ReceiptError:
+            return False
+        return True
 
     async def aclose(self) -> None:
         for task in [*self._drains.values()]:
