@@ -191,6 +191,10 @@ def _odd_edits(text: str, translated: str) -> list[Edit]:
             else:
                 edits.append((at - 1, at + 1, translated[at - 1]))
             continue
+        if not reading and edits and edits[-1][1] == at and not edits[-1][2]:
+            # A run of characters read as nothing is one edit (padding costs one, not one each).
+            edits[-1] = (edits[-1][0], at + 1, "")
+            continue
         edits.append((at, at + 1, reading))
     return edits
 

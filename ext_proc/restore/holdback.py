@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import re
 
-from ext_proc.detect.canonical import View, canonical
+from ext_proc.detect.canonical import View, canonical, read_char
 from ext_proc.detect.catalog.anchors import ANCHORS, Scratch
 from ext_proc.detect.catalog.detectors import Detector
 from ext_proc.detect.catalog.engine import Catalog
@@ -37,6 +37,11 @@ from ext_proc.detect.decode import decoded_views, hidden_view, may_hold_escapes
 # The most a channel holds back: longer than any catalog value read whole (a PEM header, a key,
 # an address, a card with its separators); a run longer than this is judged as it stands.
 HOLD_CHARS = 256
+
+# Invisible characters count for nothing in HOLD_CHARS, but the held text is read again with every
+# delta: past this many characters in all, it is judged as it stands (a value padded with more
+# invisible characters than this may have its first part released before the refusal).
+HOLD_RAW_CHARS = 8192
 
 # Characters before the held region that the patterns read too: their look-behinds, and a key
 # with its operator before a quoted value that is still open.
@@ -61,6 +66,8 @@ def open_start(text: str, floor: int, catalog: Catalog) -> int:
     of `catalog` (len(text) when nothing can): where the undecided tail begins."""
     n = len(text)
     lo = max(floor, text.rfind("\n", floor) + 1)
+    if n - lo > HOLD_RAW_CHARS:
+        lo = _soft_cut(text, n - HOLD_RAW_CHARS)
     if n - lo > HOLD_CHARS:
         at = visible_start(text, lo, HOLD_CHARS)
         if at > lo:
@@ -106,10 +113,21 @@ def visible_start(text: str, lo: int, count: int) -> int:
     with them never pushes its start out of what is held (or read again)."""
     if len(text) - lo <= count:
         return lo
-    view = canonical(text[lo:])
-    if len(view.text) <= count:
-        return lo
-    return lo + _source(view, len(view.text) - count)
+    seen = 0
+    spaced = False  # the character to the right counted as a space
+    i = len(text)
+    while i > lo:
+        char = text[i - 1]
+        reading = char if char.isascii() else read_char(char)
+        if reading:
+            space = reading.isspace()
+            if not (space and spaced):
+                seen += 1 if space else len(reading)
+                if seen > count:
+                    return i
+            spaced = space
+        i -= 1
+    return lo
 
 
 def _source(view: View, at: int) -> int:

@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import secrets
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ext_proc.detect.canonical import canonical_text
+from ext_proc.detect.canonical import canonical_text, read_char
 from ext_proc.detect.catalog.engine import Catalog
 from ext_proc.detect.decode import decoded_views
 from ext_proc.detect.findings import Finding
@@ -46,7 +47,7 @@ from ext_proc.detect.structure import (
     reads_number,
     value_findings,
 )
-from ext_proc.restore.holdback import open_start, visible_start
+from ext_proc.restore.holdback import open_start
 from ext_proc.restore.json_text import JsonTextReader
 from ext_proc.transform.redact import resolve_overlaps
 from ext_proc.transform.walk import looks_like_json
@@ -393,17 +394,29 @@ class GateWindow:
 
 
 def _look_behind(text: str, edge_cut: bool) -> tuple[str, bool]:
-    """The last WINDOW characters of `text` (counted in its canonical view: invisible padding
-    counts for nothing), from after a whitespace where one is near; and whether that left edge
-    falls inside a token."""
-    start = visible_start(text, 0, WINDOW)
-    if start == 0:
+    """The last WINDOW characters of `text` compacted (invisible characters left out, a run of
+    spaces read as one: padding counts for nothing and is not kept), from after a whitespace where
+    one is near; and whether that left edge falls inside a token."""
+    text = _compact(text)
+    if len(text) <= WINDOW:
         return text, edge_cut
-    tail = text[start:]
+    tail = text[-WINDOW:]
     space = next((i for i, ch in enumerate(tail[:WORD_EDGE_CHARS]) if ch.isspace()), -1)
     if space >= 0:
         return tail[space + 1 :], False
-    return tail, not text[start - 1].isspace() and not tail[0].isspace()
+    return tail, not text[-WINDOW - 1].isspace() and not tail[0].isspace()
+
+
+_SPACE_RUN = re.compile(r"[ \t]{2,}")
+_TAGS = range(0xE0000, 0xE0080)
+
+
+def _compact(text: str) -> str:
+    """`text` without the characters the canonical view reads as nothing (tag characters kept:
+    the hidden view reads them), runs of spaces and tabs as one space."""
+    if not text.isascii():
+        text = "".join(c for c in text if c.isascii() or ord(c) in _TAGS or read_char(c))
+    return _SPACE_RUN.sub(" ", text) if "  " in text or "\t" in text else text
 
 
 def _strings(
