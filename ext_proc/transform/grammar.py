@@ -121,20 +121,41 @@ def _own_placeholder(nonce: str) -> str:
     return rf"{_OPEN}{_LABEL}_{nonce}_{_INDEX}{_CLOSE}"
 
 
-@functools.lru_cache(maxsize=256)
-def own_markers(nonce: str) -> regex.Pattern[str]:
+# Any request's placeholder (its nonce a group) and every strip marker; compiled once. A request's
+# own are told apart by the nonce as they are found: compiling a pattern per request (its nonce
+# written in) cost more than all of a small exchange's detection.
+_ANY_MARKER = regex.compile(rf"{_OPEN}{_LABEL}_(?P<nonce>{_NONCE})_{_INDEX}{_CLOSE}|\[{_STRIP_LABEL}\]")
+_ANY_PLACEHOLDER_BYTES = regex.compile(rf"{_OPEN}{_LABEL}_{_NONCE}_{_INDEX}{_CLOSE}".encode("ascii"))
+
+
+@dataclass(frozen=True, slots=True)
+class OwnMarkers:
     """This request's placeholders (its nonce) and every strip marker: the only text known to carry
     no value, which the egress check and the output gate read as a separator (the random nonce
     could, by chance, spell a short declared identifier). A placeholder with another nonce, typed
-    by a user, is not matched. Compiled once per request: a plain substitution in C, no Python
-    callback per marker (a redacted megabyte carries thousands)."""
-    return regex.compile(rf"{_own_placeholder(nonce)}|\[{_STRIP_LABEL}\]")
+    by a user, is not matched."""
+
+    nonce: str
+
+    def sub(self, replacement: str, text: str, *, timeout: float | None = None) -> str:
+        nonce = self.nonce
+
+        def replace(m: regex.Match[str]) -> str:
+            return replacement if m.group("nonce") in (None, nonce) else m.group(0)
+
+        return _ANY_MARKER.sub(replace, text, timeout=timeout)
 
 
-@functools.lru_cache(maxsize=256)
+def own_markers(nonce: str) -> OwnMarkers:
+    _own_placeholder(nonce)  # the nonce is checked
+    return OwnMarkers(nonce)
+
+
 def own_placeholders_bytes(nonce: str) -> regex.Pattern[bytes]:
-    """This request's placeholders in a UTF-8 body, as written (where surrogates replace them)."""
-    return regex.compile(_own_placeholder(nonce).encode("ascii"))
+    """Placeholders in a UTF-8 body, as written (where surrogates replace them): any request's;
+    the caller keeps those of `nonce` (its map knows them) and leaves the others as they are."""
+    _own_placeholder(nonce)
+    return _ANY_PLACEHOLDER_BYTES
 
 
 # --- the tolerated forms: what restore finds in a reply --------------------------------------------
