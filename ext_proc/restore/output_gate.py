@@ -35,6 +35,8 @@ from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import phonenumbers
+
 from ext_proc.detect.canonical import canonical_text, read_char
 from ext_proc.detect.catalog.engine import Catalog
 from ext_proc.detect.decode import decoded_views
@@ -47,6 +49,7 @@ from ext_proc.detect.structure import (
     reads_number,
     value_findings,
 )
+from ext_proc.detect.subjects.contacts import DEFAULT_REGION
 from ext_proc.restore.holdback import open_start
 from ext_proc.restore.json_text import JsonTextReader
 from ext_proc.transform.redact import resolve_overlaps
@@ -277,13 +280,28 @@ class OutputGate:
         self.tripped = checkpoint.tripped
 
     def _record(self, kind: str, value: str) -> None:
-        # Counted in its canonical, decoded view: one card written with plain and with narrow
-        # no-break spaces, in another script's digits or as escapes is one value.
+        # Counted in its canonical, decoded view, by its letters and digits alone, case folded:
+        # one card written plain, with spaces or dashes, in another script's digits or as escapes,
+        # one phone number in three layouts, an IBAN grouped or not, is one value.
         for decoded in decoded_views(canonical_text(value)):
             value = decoded.text
-        raw = canonical_text(value).encode("utf-8", "surrogatepass")
+        plain = canonical_text(value)
+        core = "".join(c for c in plain if c.isalnum()).casefold()
+        if kind == "PHONE":
+            core = _phone_core(plain, core)
+        raw = core.encode("utf-8", "surrogatepass")
         digest = hashlib.blake2b(raw, digest_size=16, key=self._key).digest()
         self._seen.setdefault(kind, set()).add(digest)
+
+
+def _phone_core(plain: str, digits: str) -> str:
+    """A phone number as E.164 where phonenumbers reads it (`+1 212 555 0199` and `(212)
+    555-0199` are one number), else its digits."""
+    try:
+        number = phonenumbers.parse(plain, DEFAULT_REGION)
+    except phonenumbers.NumberParseException:
+        return digits
+    return phonenumbers.format_number(number, phonenumbers.PhoneNumberFormat.E164)
 
 
 class GateWindow:

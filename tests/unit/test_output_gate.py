@@ -167,3 +167,18 @@ def test_a_placeholder_being_streamed_is_never_a_finding(size: int, seed: int) -
         assert not g.check_windows()
     g.finish_windows()
     assert not g.tripped and g.counts() == {}
+
+
+@pytest.mark.parametrize(
+    ("text", "kind"),
+    [
+        ("card 4532015112830366 or 4532 0151 1283 0366 or 4532-0151-1283-0366", "CREDIT_CARD"),
+        ("call (212) 555-0199 or 212-555-0199 or +1 212 555 0199", "PHONE"),
+        ("GB33BUKB20201555555555\nGB33 BUKB 2020 1555 5555 55", "IBAN"),
+        ("Mail Orla.Brennick@Example.net or orla.brennick@example.net", "EMAIL"),
+    ],
+)
+def test_one_value_in_several_layouts_counts_once(text: str, kind: str) -> None:
+    g = OutputGate(ALL, lambda t: t)
+    assert g.read(text)
+    assert g.counts() == {kind: 1}
