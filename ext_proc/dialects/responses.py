@@ -191,6 +191,19 @@ class ResponsesStream(ChannelStream):
             return self._plain(event, data, apply_sites([site]), [site])
         if etype in self.MEDIA_DELTAS and isinstance(data.get("delta"), str):
             return self._plain(event, data, fed=[Site((etype,), data, "delta", data["delta"], data["delta"])])
+        text = data.get("delta")
+        if etype.endswith(".delta") and isinstance(text, str) and text:
+            # A delta type this code does not know: its text is one gate channel across events
+            # (per item and part), restored in full.
+            channel: ChannelKey = (
+                etype,
+                data.get("item_id"),
+                data.get("output_index"),
+                data.get("content_index"),
+            )
+            self._gate_feed(channel, text)
+            site = Site(channel, data, "delta", text, self._restorer.restore_text(text))
+            return self._plain(event, data, apply_sites([site]), [site])
         seeds = self._part_seed(data) if etype in self.PART_ADDED else []
         return self._flush_where(self._ended_by(etype, data)) + self._plain(event, data, fed=seeds)
 

@@ -308,3 +308,29 @@ def test_a_byte_order_mark_before_the_first_event_hides_nothing() -> None:
     assert errored, "a stream starting with a byte order mark passed the card"
     for name, got in texts.items():
         assert not CATALOG.detect(got), f"{name}: the client got a value"
+
+
+def test_a_responses_delta_type_without_a_schema_is_read_across_events() -> None:
+    card = VALUES["CREDIT_CARD"]
+    text = f"card {card} end"
+    events = [{"type": "response.created", "response": {"id": "resp_1", "status": "in_progress"}}]
+    for i in range(0, len(text), 6):
+        events.append(
+            {
+                "type": "response.future_text.delta",
+                "item_id": "it_1",
+                "output_index": 0,
+                "delta": text[i : i + 6],
+            }
+        )
+    events.append({"type": "response.completed", "response": {"id": "resp_1", "status": "completed"}})
+    raw = "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events).encode()
+    body, _ = run("sk-deny", "responses", raw, random.Random(5))
+    _, errored = client_texts(body)
+    assert errored, "a card split over deltas of an unknown type passed"
+    sent = "".join(
+        json.loads(line[6:]).get("delta", "")
+        for line in body.decode().splitlines()
+        if line.startswith("data: {") and '"delta"' in line
+    )
+    assert not CATALOG.detect(sent), "the client got the card"
