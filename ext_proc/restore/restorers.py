@@ -334,7 +334,10 @@ class SurrogateRestorer(Restorer):
 def _surrogate_pattern(surrogates: tuple[str, ...]) -> regex.Pattern[str]:
     alternation = "|".join(regex.escape(text) for text in surrogates)
     return regex.compile(
-        rf"(?:(?<!\w)|(?=\W))(?P<surrogate>{alternation})(?:(?P<close>(?<=\W)|(?=\W))|(?!\w))",
+        # Standing alone: not inside a longer token either, such as a decimal (`16435545.5`) or a
+        # host (`…@example.invalid.evil.test`): a `.`, `@` or `-` between word characters joins.
+        rf"(?:(?<!\w)(?<!\w[.@\-])|(?=\W))(?P<surrogate>{alternation})"
+        rf"(?:(?P<close>(?<=\W)|(?=\W))|(?!\w))(?:(?<=\W)|(?![.@\-]\w))",
         regex.IGNORECASE,
     )
 

@@ -501,9 +501,15 @@ def test_restore_is_exact_case_blind_and_word_bounded() -> None:
         "xNadia Okafor",
         "Nadia Okafor_2",
         "nadia.okafor07@example.invalidx",
+        # inside a longer token: a host, a decimal, a dotted or dashed name
+        "nadia.okafor07@example.invalid.evil.test",
+        "evil.nadia.okafor07@example.invalid",
+        "(212) 555-0143.5",
+        "(212) 555-0143-77",
     ):
         assert r.restore_text(untouched) == untouched
     assert r.restore_text("Nadia Okafor's file") == "Marisol Quintero-Vance's file"
+    assert r.restore_text("Call (212) 555-0143.") == "Call (404) 555-0187."
     assert r.restore_text('{"to": "nadia.okafor07@example.invalid"}', json_escaped=True) == (
         '{"to": "mq\\"quoted\\"@example.com"}'
     )
