@@ -21,8 +21,10 @@ from ext_proc.exchange.record import ExchangeRecord
 from ext_proc.exchange.refusals import refusal_for
 from ext_proc.exchange.results import MaskJob, Refuse
 from ext_proc.exchange.runtime import Runtime
-from ext_proc.media.ocr import MaskError, OcrPool, OcrTimeout, fuzzy_pattern, ocr_can_read
+from ext_proc.media.find import fuzzy_pattern, ocr_can_read
+from ext_proc.media.image import MaskError, OcrTimeout
 from ext_proc.media.parts import MediaPart
+from ext_proc.media.pool import OcrPool
 from ext_proc.policy.model import MEDIA_STRICTNESS
 
 log = logging.getLogger("cordon.exchange")

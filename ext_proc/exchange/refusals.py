@@ -16,7 +16,7 @@ from ext_proc.detect.subjects.header import SubjectHeaderError
 from ext_proc.errors import CordonError, DetectionError, Refusal, Stage
 from ext_proc.exchange.headers import CredentialError, LookalikeHeader
 from ext_proc.exchange.runtime import BodyTooLarge
-from ext_proc.media.ocr import MaskError, OcrTimeout
+from ext_proc.media.image import MaskError, OcrTimeout
 from ext_proc.storage.vault import SurrogateExhausted, VaultError
 from ext_proc.transform.actions import KindBlocked
 from ext_proc.transform.walk import KeyCollision, NestingTooDeep, NotJson

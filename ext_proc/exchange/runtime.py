@@ -17,7 +17,7 @@ from ext_proc.audit.metrics import Metrics
 from ext_proc.audit.receipts.record import Receipt, ReceiptFields
 from ext_proc.audit.receipts.verify import VerifyResult
 from ext_proc.errors import CordonError
-from ext_proc.media.ocr import OcrPool
+from ext_proc.media.pool import OcrPool
 from ext_proc.policy.model import PolicySet
 from ext_proc.storage.vault import SurrogateWanted, VaultRead
 

@@ -34,7 +34,7 @@ from ext_proc.audit.receipts.store import ReceiptStore
 from ext_proc.errors import describe
 from ext_proc.exchange.exchange import Exchange
 from ext_proc.exchange.runtime import Runtime
-from ext_proc.media.ocr import OcrPool
+from ext_proc.media.pool import OcrPool
 from ext_proc.policy.load import PolicyCheck, deployment_check
 from ext_proc.policy.model import PolicySet
 from ext_proc.policy.reload import PolicySource

@@ -1,11 +1,12 @@
-"""OCR masking figures (issue 5); not a test.
+"""OCR masking figures; not a test.
 
 Run: `.venv/bin/python -m tests.bench.ocr` (`--seconds S` per load phase, default 10).
 
 1. One screenshot, in-process: each rendered style of tests/support/screenshots.py (small ones, and
-   full-size pages with a coloured banner) masked by `ext_proc.media.ocr.mask_image`, repeated; the
-   time of one reading (tesseract twice: as it is and inverted) and of the whole image
-   (readings: read, paint, read again).
+   full-size pages with a coloured banner) masked by `ext_proc.media.mask.mask_image`, repeated: the
+   median time of one tesseract process (a batch of pages: the whole image at 1x and 2x, both
+   polarities; or the areas read closer), the readings, and the whole image (read, account,
+   paint, read again).
 2. Through the stack (real Envoy, two ext_proc workers, one OCR thread each, the fake upstream):
    a Chat request with 1 and with 4 screenshots under `media: mask`, end to end.
 3. Text-only Chat requests (8 KB, no subjects) at concurrency 4 for S seconds, first alone, then
@@ -25,7 +26,9 @@ from pathlib import Path
 from ext_proc.detect.catalog.engine import Catalog
 from ext_proc.detect.subjects.header import encode_subject_header, parse_subject_header
 from ext_proc.detect.subjects.matcher import compile_subjects
-from ext_proc.media import ocr
+from ext_proc.media.find import fuzzy_pattern
+from ext_proc.media.image import FORMATS
+from ext_proc.media.mask import mask_image
 from tests.support.e2e import PERSON, chat_body, request
 from tests.support.harness import KEYS, running_stack
 from tests.support.screenshots import data_url, encode, pages, render, render_page, styles
@@ -41,17 +44,17 @@ def in_process(repeat: int) -> None:
     header = parse_subject_header(encode_subject_header({"subjects": [PERSON]}))
     subjects = compile_subjects(header)
     detectors = [Catalog.for_sets(("pii", "pci", "secrets")).detect, subjects.detect]
-    fuzzy = ocr.fuzzy_pattern([f.key for f in subjects.forms()])
+    fuzzy = fuzzy_pattern([f.key for f in subjects.forms()])
     print("1. one screenshot, in process (ms; median of", repeat, "runs)")
     print(f"   {'style':<34} {'size':>9} {'pass':>7} {'passes':>6} {'image':>7}")
     cases = [(style.name, render(style), style.fmt) for style in styles()]
     cases += [(page.name, render_page(page), page.fmt) for page in pages()]  # full-size, banner
     for name, image, fmt in cases:
-        payload = data_url(encode(image, fmt), ocr.FORMATS[fmt])
+        payload = data_url(encode(image, fmt), FORMATS[fmt])
         passes, totals, counts = [], [], []
         for _ in range(repeat):
             start = time.perf_counter()
-            _, result = ocr.mask_image(payload, detectors, fuzzy, deadline=time.monotonic() + 60)
+            _, result = mask_image(payload, detectors, fuzzy, deadline=time.monotonic() + 60)
             totals.append((time.perf_counter() - start) * 1000)
             passes += [s * 1000 for s in result.pass_seconds]
             counts.append(result.passes)

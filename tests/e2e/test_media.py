@@ -1,4 +1,4 @@
-"""Media under `mask` end to end (SPEC §7): screenshots rendered here go through Envoy, are masked
+"""Media under `mask` end to end: screenshots rendered here go through Envoy, are masked
 by real tesseract, and the test reads what the upstream received with tesseract again. Refusals for
 what cannot be read; media-shaped tool inputs left alone; the OCR budget and Envoy's timeout.
 """
@@ -20,7 +20,8 @@ import pytest
 
 from ext_proc.detect.subjects.header import encode_subject_header, parse_subject_header
 from ext_proc.detect.subjects.matcher import compile_subjects
-from ext_proc.media import ocr
+from ext_proc.media import image as ocr_image
+from ext_proc.media.read import read_whole
 from tests.support.e2e import PERSON, chat_body, request
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.harness import KEYS, RunningStack, running_stack
@@ -44,9 +45,10 @@ def subject(media: str | None = None) -> dict[str, str]:
 
 
 def read_payload(payload: str) -> tuple[list[str], list[str]]:
-    data, _, _ = ocr.decode_payload(payload)
-    image, _ = ocr.open_image(data, None)
-    return legible([w.text for w in ocr.read_words(image, timeout=60)])
+    data, _, _ = ocr_image.decode_payload(payload)
+    image, _ = ocr_image.open_image(data, None)
+    words = read_whole(ocr_image.normalize(image), time.monotonic() + 60).words
+    return legible([w.text for w in words])
 
 
 def assert_masked(payload: str) -> None:
@@ -118,7 +120,7 @@ def test_anthropic_image_is_masked_through_the_sdk(stack: RunningStack, upstream
         default_headers=subject(),
     )
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(PNG)}}
-    # An image inside a tool result is media too (SPEC §7).
+    # An image inside a tool result is media too.
     tool_result = {"type": "tool_result", "tool_use_id": "toolu_01", "content": [image]}
     client.messages.create(
         model="claude-sonnet-4-6",

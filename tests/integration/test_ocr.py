@@ -1,4 +1,5 @@
-"""OCR masking with real tesseract on screenshots rendered here (ext_proc.media.ocr)."""
+"""OCR masking with real tesseract on screenshots rendered here (ext_proc/media: mask, read, find,
+image, pool)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,11 @@ from PIL import Image, PngImagePlugin
 from ext_proc.detect.catalog.engine import Catalog
 from ext_proc.detect.subjects.header import encode_subject_header, parse_subject_header
 from ext_proc.detect.subjects.matcher import compile_subjects
-from ext_proc.media import ocr
+from ext_proc.media import find as ocr_find
+from ext_proc.media import image as ocr_image
+from ext_proc.media import mask as ocr_mask
+from ext_proc.media import pool as ocr_pool
+from ext_proc.media import read as ocr_read
 from tests.support.e2e import PERSON
 from tests.support.screenshots import (
     LINES,
@@ -39,29 +44,39 @@ HEADER = parse_subject_header(encode_subject_header({"subjects": [PERSON]}))
 SUBJECTS = compile_subjects(HEADER)
 CATALOG = Catalog.for_sets(("pii", "pci", "secrets"))
 DETECTORS = [CATALOG.detect, SUBJECTS.detect]
-FUZZY = ocr.fuzzy_pattern([form.key for form in SUBJECTS.forms()])
+FUZZY = ocr_find.fuzzy_pattern([form.key for form in SUBJECTS.forms()])
 
 
-def mask(payload: str, declared: str | None = None) -> tuple[str, ocr.MaskResult]:
-    return ocr.mask_image(payload, DETECTORS, FUZZY, declared=declared, deadline=time.monotonic() + 60)
+def mask(payload: str, declared: str | None = None) -> tuple[str, ocr_mask.MaskResult]:
+    return ocr_mask.mask_image(payload, DETECTORS, FUZZY, declared=declared, deadline=time.monotonic() + 60)
 
 
 def read(payload: str) -> list[str]:
-    data, _, _ = ocr.decode_payload(payload)
-    image, _ = ocr.open_image(data, None)
-    return [word.text for word in ocr.read_words(image, timeout=60)]
+    """The words of the masker's own whole-image reading (the after-checks use stronger ones)."""
+    data, _, _ = ocr_image.decode_payload(payload)
+    image, _ = ocr_image.open_image(data, None)
+    gray = ocr_image.normalize(image)
+    return [word.text for word in ocr_read.read_whole(gray, time.monotonic() + 60).words]
+
+
+def word(text: str, box: tuple[int, int, int, int], line: tuple[int, ...]) -> ocr_read.Word:
+    """A level word read with full confidence at `box` (left, top, right, bottom)."""
+    left, top, right, bottom = box
+    corners = ((left, top), (right, top), (right, bottom), (left, bottom))
+    quad = tuple((float(x), float(y)) for x, y in corners)
+    return ocr_read.Word(text, 96.0, quad, float(bottom - top), line)
 
 
 @pytest.mark.parametrize("style", styles(), ids=lambda s: s.name)
 def test_identifiers_are_painted_over_and_ordinary_words_stay(style: Style) -> None:
     original = encode(render(style), style.fmt)
-    mime = ocr.FORMATS[style.fmt]
+    mime = ocr_image.FORMATS[style.fmt]
     secrets_before, _ = legible(read(data_url(original, mime)))
     assert secrets_before, "the rendered screenshot must be legible to begin with"
     masked, result = mask(data_url(original, mime))
     assert masked.startswith(f"data:{mime};base64,")
     assert result.masked_words >= 6 and 2 <= result.passes <= 3
-    data, _, _ = ocr.decode_payload(masked)
+    data, _, _ = ocr_image.decode_payload(masked)
     secrets_after, ordinary_after = legible(strong_readings(data))  # not the masker's own reader
     assert secrets_after == []
     assert len(ordinary_after) >= 5, ordinary_after  # the rest of the screenshot is still there
@@ -73,11 +88,11 @@ def test_a_full_size_screenshot_with_a_coloured_banner_is_masked(page: Page) -> 
     """Text of 14-16 px on a banner of another polarity than the page: at 1x, or read in the
     page's polarity only, tesseract does not see it at all, and nothing painted it over."""
     original = encode(render_page(page), page.fmt)
-    mime = ocr.FORMATS[page.fmt]
+    mime = ocr_image.FORMATS[page.fmt]
     assert legible(strong_readings(original))[0], "the banner must be legible to begin with"
     masked, result = mask(data_url(original, mime))
     assert result.masked_words >= 6
-    data, _, _ = ocr.decode_payload(masked)
+    data, _, _ = ocr_image.decode_payload(masked)
     secrets_after, ordinary_after = legible(strong_readings(data))
     assert secrets_after == [], secrets_after
     assert len(ordinary_after) >= 5, ordinary_after
@@ -125,7 +140,7 @@ def test_metadata_is_stripped() -> None:
     ],
 )
 def test_unreadable_images_are_refused(payload: str, declared: str | None, reason: str) -> None:
-    with pytest.raises(ocr.MaskError, match=reason):
+    with pytest.raises(ocr_image.MaskError, match=reason):
         mask(payload, declared)
 
 
@@ -139,7 +154,7 @@ def test_a_decompression_bomb_is_refused_before_decoding() -> None:
     ihdr = b"IHDR" + struct.pack(">II", 60000, 60000) + small[24:29]
     bomb = small[:8] + struct.pack(">I", 13) + ihdr + struct.pack(">I", zlib.crc32(ihdr)) + small[33:]
     start = time.perf_counter()
-    with pytest.raises(ocr.MaskError, match="pixels"):
+    with pytest.raises(ocr_image.MaskError, match="pixels"):
         mask(data_url(bomb, "image/png"))
     assert time.perf_counter() - start < 2
 
@@ -148,7 +163,7 @@ def test_an_animated_gif_is_refused() -> None:
     frames = [render(styles()[0], [text]) for text in ("first frame", "second frame")]
     out = io.BytesIO()
     frames[0].save(out, "GIF", save_all=True, append_images=frames[1:])
-    with pytest.raises(ocr.MaskError, match="animated"):
+    with pytest.raises(ocr_image.MaskError, match="animated"):
         mask(data_url(out.getvalue(), "image/gif"))
 
 
@@ -159,8 +174,8 @@ def test_a_single_frame_gif_is_masked() -> None:
 
 
 def test_the_budget_bounds_a_pass() -> None:
-    with pytest.raises(ocr.OcrTimeout):
-        ocr.mask_image(
+    with pytest.raises(ocr_image.OcrTimeout):
+        ocr_mask.mask_image(
             data_url(encode(render(styles()[0]), "PNG"), "image/png"),
             DETECTORS,
             FUZZY,
@@ -170,48 +185,92 @@ def test_the_budget_bounds_a_pass() -> None:
 
 def test_fuzzy_marks_a_misread_identifier_but_not_its_label() -> None:
     words = [
-        ocr.Word("Customer:", (0, 0, 10, 10), (0, 1, 1, 1)),
-        ocr.Word("Marlsol", (12, 0, 20, 10), (0, 1, 1, 1)),  # one character misread
-        ocr.Word("Quintero-Vanee", (22, 0, 40, 10), (0, 1, 1, 1)),
-        ocr.Word("Denver", (0, 12, 10, 20), (0, 1, 1, 2)),
+        word("Customer:", (0, 0, 10, 10), (0, 1, 1, 1)),
+        word("Marlsol", (12, 0, 20, 10), (0, 1, 1, 1)),  # one character misread
+        word("Quintero-Vanee", (22, 0, 40, 10), (0, 1, 1, 1)),
+        word("Denver", (0, 12, 10, 20), (0, 1, 1, 2)),
     ]
-    assert ocr.find_words(words, [], FUZZY) == {1, 2}
+    assert ocr_find.find_words(words, [], FUZZY) == {1, 2}
 
 
 def test_a_long_number_misread_past_its_pattern_is_marked() -> None:
     """A card read as "41111111111 111" fails the card checksum: runs of 12+ digits in adjacent
     numeric words on one line are painted anyway; a short number, or digits on two lines, not."""
     words = [
-        ocr.Word(text, (i * 10, 0, i * 10 + 8, 10), (0, 1, 1, 1))
+        word(text, (i * 10, 0, i * 10 + 8, 10), (0, 1, 1, 1))
         for i, text in enumerate(["Card", "41111111111", "111", "on", "file"])
     ] + [
-        ocr.Word(text, (i * 10, 12, i * 10 + 8, 20), (0, 1, 1, 2))
+        word(text, (i * 10, 12, i * 10 + 8, 20), (0, 1, 1, 2))
         for i, text in enumerate(["Order", "2026-0042", "ref", "1234567"])
     ]
-    assert ocr.find_words(words, [], None) == {1, 2}
+    assert ocr_find.find_words(words, [], None) == {1, 2}
 
 
 def test_a_card_wrapped_onto_the_next_line_is_marked() -> None:
     words = [
-        ocr.Word("Card", (0, 0, 8, 10), (0, 1, 1, 1)),
-        ocr.Word("4111", (10, 0, 18, 10), (0, 1, 1, 1)),
-        ocr.Word("1111", (20, 0, 28, 10), (0, 1, 1, 1)),
-        ocr.Word("1111", (0, 12, 8, 20), (0, 1, 1, 2)),
-        ocr.Word("1111", (10, 12, 18, 20), (0, 1, 1, 2)),
-        ocr.Word("thanks", (20, 12, 28, 20), (0, 1, 1, 2)),
+        word("Card", (0, 0, 8, 10), (0, 1, 1, 1)),
+        word("4111", (10, 0, 18, 10), (0, 1, 1, 1)),
+        word("1111", (20, 0, 28, 10), (0, 1, 1, 1)),
+        word("1111", (0, 12, 8, 20), (0, 1, 1, 2)),
+        word("1111", (10, 12, 18, 20), (0, 1, 1, 2)),
+        word("thanks", (20, 12, 28, 20), (0, 1, 1, 2)),
     ]
-    assert ocr.find_words(words, [CATALOG.detect], None) == {1, 2, 3, 4}
+    assert ocr_find.find_words(words, [CATALOG.detect], None) == {1, 2, 3, 4}
 
 
 def test_an_identifier_split_across_words_is_found() -> None:
     words = [
-        ocr.Word(text, (i * 10, 0, i * 10 + 8, 10), (0, 1, 1, 1))
+        word(text, (i * 10, 0, i * 10 + 8, 10), (0, 1, 1, 1))
         for i, text in enumerate(["call", "404", "555-", "0187", "now"])
     ]
-    assert ocr.find_words(words, DETECTORS, None) == {1, 2, 3}
+    assert ocr_find.find_words(words, DETECTORS, None) == {1, 2, 3}
 
 
-# --- third review (issue 5): what a viewer sees, read independently -------------------------
+def test_an_identifier_read_in_parts_by_several_readings_is_found() -> None:
+    """The whole-image reading has the first half of a card, a closer reading of one area the
+    second half (and a stroke read as "|"): neither alone holds the card; the best word at each
+    place, in a row, does. A duplicate of a marked word in another reading is marked too."""
+    words = [
+        word("Card", (0, 0, 40, 20), (0, 1, 1, 1)),
+        word("4111", (50, 0, 90, 20), (0, 1, 1, 1)),
+        word("1111", (100, 0, 140, 20), (0, 1, 1, 1)),
+        word("Card", (1, 1, 40, 20), (1, 1, 1, 1)),  # the same word in the inverted page
+        word("|", (148, 2, 150, 18), (100, 1, 1, 1)),
+        word("1111", (150, 0, 190, 20), (101, 1, 1, 1)),
+        word("1111", (200, 1, 240, 20), (102, 1, 1, 1)),
+        word("Denver", (0, 40, 60, 60), (0, 1, 1, 2)),
+    ]
+    assert not ocr_find.find_words(words[:4], [CATALOG.detect], None) & {1, 2}
+    marked = ocr_find.find_words(words, [CATALOG.detect], None)
+    assert {1, 2, 5, 6} <= marked and 7 not in marked
+
+
+def test_the_groups_around_a_piece_of_a_declared_number_are_marked() -> None:
+    """A faint card read "4539 1466 UV 6467": no pattern matches it, but its first and last
+    groups are pieces of the declared number, and the words where the rest of it stands go
+    with them; the label before it and the words after it stay."""
+    declared = ocr_find.fuzzy_pattern(["4539148803436467"])
+    texts = ["Card", "4539", "1466", "UV", "6467", "on", "file"]
+    words = [word(text, (i * 50, 0, i * 50 + 40, 20), (0, 1, 1, 1)) for i, text in enumerate(texts)]
+    marked = ocr_find.find_words(words, [CATALOG.detect], declared)
+    assert {1, 2, 3, 4} <= marked and not marked & {0, 6}
+
+
+def test_a_word_box_is_shrunk_to_its_own_ink() -> None:
+    """tesseract's box of a word in an inverted page can span the ground between lines and take
+    in the neighbouring lines' edges: the box is cut to the band of rows with most of the ink."""
+    from PIL import ImageDraw
+
+    page = Image.new("L", (200, 120), 255)
+    draw = ImageDraw.Draw(page)
+    draw.rectangle((10, 2, 150, 4), fill=0)  # the descenders of the line above
+    draw.rectangle((10, 50, 150, 70), fill=40)  # the word's own ink
+    draw.rectangle((10, 112, 150, 115), fill=0)  # the tops of the line below
+    assert ocr_read.ink_box(page, (0, 0, 200, 120)) == (10, 50, 151, 71)
+    assert ocr_read.ink_box(page, (160, 10, 190, 40)) == (160, 10, 190, 40)  # no ink: unchanged
+
+
+# --- what a viewer sees, read independently ------------------------------------------------
 
 
 def masked_bytes(payload: str) -> bytes:
@@ -261,7 +320,7 @@ def test_what_a_viewer_could_read_is_masked(
     data = encode(image, fmt)
     before = legible(independent_readings(data))[0]
     assert before, f"{name}: the test image must be legible to a viewer"
-    after = masked_bytes(data_url(data, ocr.FORMATS[fmt]))
+    after = masked_bytes(data_url(data, ocr_image.FORMATS[fmt]))
     secrets_after, ordinary_after = legible(independent_readings(after))
     assert secrets_after == [], name
     if keeps_words:
@@ -282,9 +341,9 @@ def test_a_sideways_photo_is_read_upright_and_sent_upright() -> None:
 
 def test_tesseract_failures_are_not_budget_timeouts() -> None:
     tall = Image.new("L", (200, 33000), 255)
-    with pytest.raises(ocr.MaskError, match="longer than") as raised:
+    with pytest.raises(ocr_image.MaskError, match="longer than") as raised:
         mask(data_url(encode(tall, "PNG"), "image/png"))
-    assert not isinstance(raised.value, ocr.OcrTimeout)
+    assert not isinstance(raised.value, ocr_image.OcrTimeout)
 
 
 def test_our_pixel_cap_refuses_below_pillows_own() -> None:
@@ -295,17 +354,17 @@ def test_our_pixel_cap_refuses_below_pillows_own() -> None:
 
     ihdr = b"IHDR" + struct.pack(">II", 8000, 8000) + small[24:29]
     bomb = small[:8] + struct.pack(">I", 13) + ihdr + struct.pack(">I", zlib.crc32(ihdr)) + small[33:]
-    with pytest.raises(ocr.MaskError, match="pixels"):
+    with pytest.raises(ocr_image.MaskError, match="pixels"):
         mask(data_url(bomb, "image/png"))
 
 
 def test_the_pool_budget_ends_a_request() -> None:
     import asyncio
 
-    pool = ocr.OcrPool(workers=1, budget=0.3, max_images=16)
+    pool = ocr_pool.OcrPool(workers=1, budget=0.3, max_images=16)
     payload = data_url(encode(render(styles()[0]), "PNG"), "image/png")
     try:
-        with pytest.raises(ocr.OcrTimeout):
+        with pytest.raises(ocr_image.OcrTimeout):
             asyncio.run(pool.mask_all([(payload, None)] * 3, DETECTORS, FUZZY))
     finally:
         pool.shutdown()
@@ -323,7 +382,8 @@ def test_a_script_ocr_cannot_read_refuses_mask() -> None:
     latin = parse_subject_header(encode_subject_header({"subjects": [{"names": ["Marisol Quintero-Vance"]}]}))
     accented = parse_subject_header(encode_subject_header({"subjects": [{"names": ["Zoë Ðặng Núñez"]}]}))
     cyrillic = parse_subject_header(encode_subject_header({"subjects": [{"names": ["Марисоль Кинтеро"]}]}))
-    assert ocr.ocr_can_read(latin) and ocr.ocr_can_read(accented) and not ocr.ocr_can_read(cyrillic)
+    can_read = ocr_find.ocr_can_read
+    assert can_read(latin) and can_read(accented) and not can_read(cyrillic)
 
 
 # --- memory -----------------------------------------------------------------------------------
@@ -331,7 +391,7 @@ def test_a_script_ocr_cannot_read_refuses_mask() -> None:
 NORMALIZE_MEMORY = """
 import io, sys
 from PIL import Image, ImageDraw
-from ext_proc.media import ocr
+from ext_proc.media import image as ocr_image
 
 def high_water() -> int:
     for line in open("/proc/self/status"):
@@ -346,9 +406,9 @@ out = io.BytesIO()
 image.save(out, "PNG")
 data = out.getvalue()
 del image, out
-decoded, _ = ocr.open_image(data, None)
+decoded, _ = ocr_image.open_image(data, None)
 before = high_water()
-grey = ocr.normalize(decoded)
+grey = ocr_image.normalize(decoded)
 print((high_water() - before) / side / side)
 """
 
@@ -366,7 +426,7 @@ def test_normalising_costs_a_few_bytes_per_pixel(mode: str) -> None:
 
 def test_the_pixel_budget_serves_images_in_arrival_order() -> None:
     """A large image waiting is not overtaken by small ones that would still fit."""
-    budget = ocr.PixelBudget(40)
+    budget = ocr_image.PixelBudget(40)
     order: list[str] = []
 
     def take(name: str, pixels: int) -> None:
@@ -389,7 +449,7 @@ def test_the_pixel_budget_serves_images_in_arrival_order() -> None:
 def test_the_pixel_budget_makes_large_images_wait_their_turn() -> None:
     """Two images whose pixels do not fit together: the second waits for the first, and one
     whose deadline passes while waiting is an OcrTimeout (503), never decoded."""
-    budget = ocr.PixelBudget(40)
+    budget = ocr_image.PixelBudget(40)
     order: list[str] = []
 
     def second() -> None:
@@ -398,12 +458,12 @@ def test_the_pixel_budget_makes_large_images_wait_their_turn() -> None:
 
     waiter = threading.Thread(target=second)
     with budget.hold(30, time.monotonic() + 1):
-        with pytest.raises(ocr.OcrTimeout), budget.hold(30, time.monotonic() + 0.05):
+        with pytest.raises(ocr_image.OcrTimeout), budget.hold(30, time.monotonic() + 0.05):
             order.append("never")
         waiter.start()
         time.sleep(0.1)
         order.append("first done")
     waiter.join(5)
     assert order == ["first done", "second"] and budget.free == 40
-    assert ocr.pixels_of(encode(Image.new("RGB", (30, 20)), "PNG")) == 600
-    assert ocr.pixels_of(b"not an image") == ocr.MAX_PIXELS
+    assert ocr_image.pixels_of(encode(Image.new("RGB", (30, 20)), "PNG")) == 600
+    assert ocr_image.pixels_of(b"not an image") == ocr_image.MAX_PIXELS
