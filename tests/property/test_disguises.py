@@ -240,7 +240,7 @@ def test_the_carriers_show_no_value() -> None:
 
 # --- the properties -------------------------------------------------------------------------------
 
-FAST = settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SLOW = settings(max_examples=10000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
