@@ -21,20 +21,27 @@ from typing import TypeVar, cast
 
 _R = TypeVar("_R")
 
-# Short strings (a role, a model name) cost less to scan than to look up and would crowd the
-# long ones out. The memo is bounded by weight: one per entry plus one per item of a tuple result
-# (a finding), about 150 bytes each, so a worker holds at most about 2 MB of it.
+# Short strings (a role, a model name, a finish reason) would crowd the long ones out, so they
+# have a memo of their own: every request and reply repeats them, and a lookup (about a
+# microsecond) costs far less than a scan (tens). Each memo is bounded by weight: one per entry
+# plus one per item of a tuple result (a finding), about 150 bytes each, so a worker holds at
+# most about 2.5 MB of both.
 MIN_LENGTH = 48
 MAX_WEIGHT = 8192
+SHORT_MAX_WEIGHT = 2048
 _KEY = secrets.token_bytes(32)
 
 
 class TextMemo:
-    """An LRU of `compute(text)` per (scope, digest of text), bounded by weight; thread-safe."""
+    """An LRU of `compute(text)` per (scope, digest of text), bounded by weight; thread-safe.
+    Texts shorter than `min_length` go to the `short` memo (computed every time without one)."""
 
-    def __init__(self, max_weight: int = MAX_WEIGHT, min_length: int = MIN_LENGTH) -> None:
+    def __init__(
+        self, max_weight: int = MAX_WEIGHT, min_length: int = MIN_LENGTH, short: TextMemo | None = None
+    ) -> None:
         self.max_weight = max_weight
         self.min_length = min_length
+        self.short = short
         self.weight = 0
         self._entries: OrderedDict[tuple[Hashable, bytes], tuple[object, int]] = OrderedDict()
         self._lock = threading.Lock()
@@ -43,7 +50,7 @@ class TextMemo:
 
     def __call__(self, scope: Hashable, text: str, compute: Callable[[str], _R]) -> _R:
         if len(text) < self.min_length:
-            return compute(text)
+            return compute(text) if self.short is None else self.short(scope, text, compute)
         digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16, key=_KEY).digest()
         key = (scope, digest)
         with self._lock:
@@ -65,6 +72,8 @@ class TextMemo:
         return result
 
     def clear(self) -> None:
+        if self.short is not None:
+            self.short.clear()
         with self._lock:
             self._entries.clear()
             self.hits = self.misses = self.weight = 0
@@ -74,4 +83,4 @@ class TextMemo:
 
 
 # One memo per process for every matcher: the scopes keep their results apart.
-MEMO = TextMemo()
+MEMO = TextMemo(short=TextMemo(max_weight=SHORT_MAX_WEIGHT, min_length=0))

@@ -195,10 +195,7 @@ class ChatStream(ChannelStream):
                 # The call's other strings (its name, fields this code does not know).
                 sites += self._path_sites(call, ("chat", ci, "tool", index, "call"), frozenset({"arguments"}))
         # Every other string of the delta: a gate channel of its key path.
-        handled = {
-            outer: frozenset(f for o, f in (*self.NESTED, *self.MEDIA) if o == outer)
-            for outer, _ in (*self.NESTED, *self.MEDIA)
-        }
+        handled = _HANDLED
         for field, value in delta.items():
             # A text field that is not a string (`content` as a list of parts, which no stream
             # should send) is read by its key paths like any other value.
@@ -251,6 +248,14 @@ class ChatStream(ChannelStream):
             choice["delta"] = {key[2]: text}
         data["choices"] = [choice]
         return data
+
+
+# The fields of a delta's nested objects that have channels (or are media) of their own: the
+# rest of such an object is read by its key paths.
+_HANDLED: dict[str, frozenset[str]] = {
+    outer: frozenset(f for o, f in (*ChatStream.NESTED, *ChatStream.MEDIA) if o == outer)
+    for outer, _ in (*ChatStream.NESTED, *ChatStream.MEDIA)
+}
 
 
 def _owned_by(key: Hashable, ci: Any) -> bool:

@@ -26,6 +26,9 @@ from __future__ import annotations
 
 import functools
 import re
+from dataclasses import dataclass
+
+import regex
 
 from ext_proc.detect.canonical import View, canonical, read_char
 from ext_proc.detect.catalog.anchors import ANCHORS, Scratch
@@ -47,6 +50,8 @@ HOLD_RAW_CHARS = 8192
 # with its operator before a quoted value that is still open.
 CONTEXT_CHARS = 160
 
+_SPACE = re.compile(r"\s")
+
 # Where a run longer than HOLD_CHARS is cut: after one of these, within this many characters.
 _SEPARATORS = re.compile(r"[\s,;:\"'`(){}\[\]<>|]")
 SOFT_CUT_CHARS = 64
@@ -65,6 +70,8 @@ def open_start(text: str, floor: int, catalog: Catalog) -> int:
     """The earliest position at or after `floor` from which `text` could still grow into a value
     of `catalog` (len(text) when nothing can): where the undecided tail begins."""
     n = len(text)
+    if catalog.detectors and one_short_run(text, floor):
+        return floor
     lo = max(floor, text.rfind("\n", floor) + 1)
     if n - lo > HOLD_RAW_CHARS:
         lo = _soft_cut(text, n - HOLD_RAW_CHARS)
@@ -105,6 +112,13 @@ def open_start(text: str, floor: int, catalog: Catalog) -> int:
         if at < len(hidden.text):
             start = min(start, base + hidden.span(at, len(hidden.text))[0])
     return max(start, lo)
+
+
+def one_short_run(text: str, floor: int) -> bool:
+    """Whether `text[floor:]` is one run of non-space characters too short to be cut: the last
+    run, so all of it is undecided (the common case between two words of a stream, answered
+    without reading the text)."""
+    return len(text) - floor <= HOLD_CHARS and _SPACE.search(text, floor) is None
 
 
 def visible_start(text: str, lo: int, count: int) -> int:
@@ -151,26 +165,31 @@ def _last_run_start(text: str, lo: int) -> int:
     return i
 
 
-def _open_in(text: str, detectors: tuple[Detector, ...], lo: int) -> int:
-    """The earliest start from which the rest of `text` is a match of one of `detectors`, whole
-    or still partial (more text could complete or extend it); len(text) if none. Matches
-    without an anchor are looked for from `lo` (one that started before it would have been
-    held then); an anchored one wherever its anchor is."""
+def _open_in(text: str, spanning: Spanning, lo: int) -> int:
+    """The earliest start from which the rest of `text` is a match of one of the `spanning`
+    detectors, whole or still partial (more text could complete or extend it); len(text) if
+    none. Matches without an anchor are looked for from `lo` (one that started before it would
+    have been held then); an anchored one wherever its anchor is."""
     n = len(text)
     best = n
+    timeout = timeout_for(n)
     scratch: Scratch | None = None
-    for detector in detectors:
-        timeout = timeout_for(n)
-        if detector.anchor is not None and detector.anchored:
-            # Its anchor says where a match can start (a key with a secret keyword, the local
-            # part before an `@`); what is still to come cannot start one elsewhere.
-            if scratch is None:
-                scratch = Scratch(text)
-            for s in sorted({s for s, _ in ANCHORS[detector.anchor](scratch) if s < best}):
-                if detector.pattern.fullmatch(text, s, partial=True, timeout=timeout) is not None:
-                    best = s
-                    break
-            continue
+    for detector in spanning.anchored:
+        # Its anchor says where a match can start (a key with a secret keyword, the local part
+        # before an `@`); what is still to come cannot start one elsewhere.
+        if scratch is None:
+            scratch = Scratch(text)
+        for s in sorted({s for s, _ in ANCHORS[detector.anchor or ""](scratch) if s < best}):
+            if detector.pattern.fullmatch(text, s, partial=True, timeout=timeout) is not None:
+                best = s
+                break
+    if spanning.any_unanchored is not None:
+        # One search over all of them first: where none of them matches at all before `best`,
+        # whole or partial, none can start a held value (the common case of prose).
+        m = spanning.any_unanchored.search(text, lo, partial=True, timeout=timeout)
+        if m is None or m.start() >= best:
+            return best
+    for detector in spanning.unanchored:
         for m in detector.pattern.finditer(text, min(lo, best), partial=True, timeout=timeout):
             s = m.start()
             if s >= best:
@@ -183,15 +202,47 @@ def _open_in(text: str, detectors: tuple[Detector, ...], lo: int) -> int:
     return best
 
 
+@dataclass(frozen=True, slots=True)
+class Spanning:
+    """A catalog's detectors whose pattern can match whitespace, one per distinct pattern: those
+    with an anchor that says where a match starts, the others, and the others as one alternation
+    (None if their patterns cannot be joined: different flags, or group names that clash)."""
+
+    anchored: tuple[Detector, ...]
+    unanchored: tuple[Detector, ...]
+    any_unanchored: regex.Pattern[str] | None
+
+    def __bool__(self) -> bool:
+        return bool(self.anchored or self.unanchored)
+
+
 @functools.lru_cache(maxsize=64)
-def _spanning(catalog: Catalog) -> tuple[Detector, ...]:
-    """The detectors whose pattern can match whitespace, one per distinct pattern (catalogs are
-    built once per set of sets: cached by the object)."""
+def _spanning(catalog: Catalog) -> Spanning:
+    """The catalog's spanning detectors (catalogs are built once per set of sets: cached by the
+    object)."""
     seen: dict[int, Detector] = {}
     for detector in catalog.detectors:
         if matches_space(detector.pattern.pattern):
             seen.setdefault(id(detector.pattern), detector)
-    return tuple(seen.values())
+    anchored = tuple(d for d in seen.values() if d.anchor is not None and d.anchored)
+    unanchored = tuple(d for d in seen.values() if not (d.anchor is not None and d.anchored))
+    return Spanning(anchored, unanchored, _alternation(unanchored))
+
+
+def _alternation(detectors: tuple[Detector, ...]) -> regex.Pattern[str] | None:
+    """One pattern that matches where any of `detectors` does: a branch reset (`(?|…)`) keeps
+    each pattern's group numbers, so its back-references still mean what they meant."""
+    flags = {d.pattern.flags for d in detectors}
+    if len(detectors) < 2 or len(flags) != 1:
+        return None
+    flag = flags.pop()
+    source = "(?|" + "|".join(f"(?:{d.pattern.pattern})" for d in detectors) + ")"
+    try:
+        joined = regex.compile(source, flag)
+    except regex.error:
+        return None
+    # A pattern's own global flags (`(?x)` …) would apply to all of them here: not joined then.
+    return joined if joined.flags == regex.compile(detectors[0].pattern.pattern, flag).flags else None
 
 
 # Escapes that never match a whitespace character (outside and inside a class).

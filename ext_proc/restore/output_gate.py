@@ -50,7 +50,7 @@ from ext_proc.detect.structure import (
     value_findings,
 )
 from ext_proc.detect.subjects.contacts import DEFAULT_REGION
-from ext_proc.restore.holdback import open_start
+from ext_proc.restore.holdback import one_short_run, open_start
 from ext_proc.restore.json_text import JsonTextReader
 from ext_proc.transform.redact import resolve_overlaps
 from ext_proc.transform.walk import looks_like_json
@@ -389,6 +389,8 @@ class GateWindow:
         floor = len(tail)
         if final:
             hold = len(joined)
+        elif one_short_run(joined, floor):
+            return False  # nothing decided yet, wherever a placeholder may begin
         else:
             cut = gate._open_tail(joined)
             hold = open_start(joined[:cut], floor, gate.catalog) if cut > floor else floor

@@ -112,3 +112,21 @@ def test_remembered_findings_equal_a_fresh_scan(pieces: list[str]) -> None:
     fresh = list(ALL._detect_checked(text)) if len(text) >= 3 else []
     assert ALL.detect(text) == fresh
     assert ALL.detect(text) == fresh  # the second answer comes from the memo
+
+
+def test_short_texts_have_a_memo_of_their_own() -> None:
+    """A role or a model name, repeated by every request, is scanned once; it never takes the
+    place of a long text."""
+    memo = TextMemo(max_weight=16, min_length=10, short=TextMemo(max_weight=16, min_length=0))
+    calls: list[str] = []
+
+    def compute(text: str) -> int:
+        calls.append(text)
+        return len(text)
+
+    memo("s", "a much longer text", compute)
+    for word in ("user", "assistant", "stop", "user", "assistant"):
+        memo("s", word, compute)
+    assert len(calls) == 4 and len(memo) == 1 and memo.short is not None and len(memo.short) == 3
+    memo.clear()
+    assert len(memo) == 0 and len(memo.short) == 0
