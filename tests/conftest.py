@@ -6,11 +6,17 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+from hypothesis import settings
 
 from ext_proc.detect.memo import MEMO
 from ext_proc.exchange.envelope import HEADER_MEMO
+from tests.support.examples import SCALE, example_count
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.harness import RedisProcess, RunningStack, redis_server, running_stack
+
+# The properties that name no count run hypothesis's 100 examples, scaled like the others.
+settings.register_profile("cordon", max_examples=example_count(100))
+settings.load_profile("cordon" if SCALE < 1 else "default")
 
 
 @pytest.fixture(autouse=True)

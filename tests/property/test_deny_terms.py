@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from ext_proc.detect.catalog.deny import DENY_KIND
 from ext_proc.detect.catalog.engine import Catalog
 from ext_proc.detect.catalog.extensions import Extensions
+from tests.support.examples import example_count
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 # Cyrillic letters that read as Latin ones in the canonical view.
@@ -60,13 +61,13 @@ def _check_bounded(term: list[str], tail: str) -> None:
     assert _catalog(term).detect(text) == [], "a deny term was found inside a longer word"
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@settings(max_examples=example_count(300), suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(term=terms, data=st.data())
 def test_every_disguise_of_a_deny_term_is_found(term: list[str], data: st.DataObject) -> None:
     _check_found(data, term)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=example_count(300), deadline=None)
 @given(term=terms, head=st.text(alphabet=_LETTERS, max_size=2), digit=st.sampled_from("0123456789"))
 def test_a_deny_term_is_never_found_inside_a_longer_word(term: list[str], head: str, digit: str) -> None:
     # A digit in the word the term runs into: no run of the text's words can spell the term.

@@ -64,6 +64,7 @@ from tests.support.disguises import (
     disguise,
     disguise_words,
 )
+from tests.support.examples import example_count
 from tests.support.fakes import EnvoyStream, FakeReceipts, FakeVault, keyed, make_runtime
 
 POLICY = Policy(tenant="disguises")
@@ -240,7 +241,7 @@ def test_the_carriers_show_no_value() -> None:
 
 # --- the properties -------------------------------------------------------------------------------
 
-FAST = settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=example_count(1000), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SLOW = settings(max_examples=10000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -257,7 +258,7 @@ def test_no_disguised_value_reaches_the_upstream_many(example: Example) -> None:
     check(example)
 
 
-@settings(FAST, max_examples=150)
+@settings(FAST, max_examples=example_count(150))
 @given(example=examples())
 def test_no_disguised_value_gets_through_an_exchange(example: Example) -> None:
     check_exchange(example)
@@ -304,7 +305,7 @@ def test_the_ordinary_sentences_pass_as_written() -> None:
         assert unchanged, f"sentence {n}"
 
 
-@settings(FAST, max_examples=500)
+@settings(FAST, max_examples=example_count(500))
 @given(sample=ordinary_texts())
 def test_ordinary_text_in_disguise_is_forwarded_unchanged(sample: Ordinary) -> None:
     check_ordinary(sample)

@@ -21,6 +21,7 @@ from ext_proc.detect.subjects.matcher import compile_subjects
 from ext_proc.dialects import DIALECTS
 from ext_proc.transform.egress import check_body
 from tests.support.e2e import PERSON
+from tests.support.examples import example_count
 
 COMPILED = compile_subjects(parse_subject_header(encode_subject_header({"subjects": [PERSON]})))
 # (label, canonical text) of what gets slipped back.
@@ -116,7 +117,7 @@ def test_the_clean_body_passes() -> None:
 WHERE = st.sampled_from(["user", "system", "key", "metadata", "arguments", "tool_description", "model"])
 
 
-@settings(max_examples=1000, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@settings(max_examples=example_count(1000), suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(identifier=st.sampled_from(IDENTIFIERS), where=WHERE, seed=st.integers(0, 2**32))
 def test_a_disguised_identifier_is_caught(identifier: tuple[str, str], where: str, seed: int) -> None:
     label, text = identifier
@@ -131,7 +132,7 @@ def test_a_disguised_identifier_is_caught_many(identifier: tuple[str, str], wher
     assert_caught(place(clean_body(), where, disguise(text, random.Random(seed))), label)
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=example_count(1000), deadline=None)
 @given(where=st.sampled_from(["json", "text"]), exponent_form=st.booleans(), country=st.booleans())
 def test_a_phone_as_a_number_is_caught(where: str, exponent_form: bool, country: bool) -> None:
     digits = ("1" if country else "") + "4045550187"

@@ -26,6 +26,7 @@ from ext_proc.exchange.envelope import rewritten, survivor
 from ext_proc.exchange.headers import Headers
 from ext_proc.transform.placeholders import PlaceholderMap
 from tests.support.e2e import PERSON, SAMPLES, leaked
+from tests.support.examples import example_count
 from tests.support.fakes import keyed
 
 HEADER = parse_subject_header(encode_subject_header({"subjects": [PERSON]}))
@@ -88,7 +89,7 @@ HEADERS = st.dictionaries(NAME, TEXT, min_size=1, max_size=4)
 QUERY = st.lists(st.tuples(WORD, TEXT), min_size=1, max_size=4)
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@settings(max_examples=example_count(300), suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(
     headers=HEADERS, query=QUERY, pick=st.integers(0, 100), value=st.sampled_from(sorted(SAMPLES.values()))
 )
@@ -98,7 +99,7 @@ def test_a_catalog_value_outside_the_body_never_leaves(
     check(headers, query, pick % (len(headers) + len(query)), value, declared=False)
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@settings(max_examples=example_count(300), suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(headers=HEADERS, query=QUERY, pick=st.integers(0, 100), value=st.sampled_from(DECLARED))
 def test_a_declared_identifier_outside_the_body_never_leaves_unnoticed(
     headers: dict[str, str], query: list[tuple[str, str]], pick: int, value: str

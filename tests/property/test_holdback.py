@@ -11,6 +11,7 @@ from ext_proc.detect.catalog.engine import Catalog
 from ext_proc.detect.findings import SETS
 from ext_proc.restore import holdback
 from ext_proc.restore.holdback import HOLD_CHARS, Spanning, _open_in, _spanning, one_short_run, open_start
+from tests.support.examples import example_count
 
 CATALOG = Catalog.for_sets(SETS)
 SPANNING = _spanning(CATALOG)
@@ -30,14 +31,14 @@ def test_the_default_catalog_has_its_unanchored_patterns_joined() -> None:
     assert SPANNING.unanchored and SPANNING.any_unanchored is not None
 
 
-@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=example_count(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(TEXTS, st.integers(min_value=0, max_value=60))
 def test_the_joined_search_changes_no_answer(text: str, lo: int) -> None:
     lo = min(lo, len(text))
     assert _open_in(text, SPANNING, lo) == _open_in(text, ONE_BY_ONE, lo)
 
 
-@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=example_count(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(TEXTS, TEXTS)
 def test_one_short_run_is_answered_as_the_full_reading_would(before: str, run: str) -> None:
     """A run without spaces after `floor` is undecided: the shortcut and the full reading agree."""

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from ext_proc.detect.catalog.engine import Catalog
 from ext_proc.detect.findings import ALL_SETS
+from tests.support.examples import example_count
 from tests.support.fakes import EnvoyStream, FakeReceipts, chat, keyed, make_runtime
 from tests.support.streams import ENDINGS, LINE_ENDINGS, Script, client_texts, released, script
 
@@ -179,7 +180,7 @@ def check_report(dialect: str, kinds: list[str], newline: str, ending: str, seed
     assert output_counts(receipts) == placed
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=example_count(15), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(**CASES)
 def test_deny_lets_nothing_recognisable_out(
     dialect: str, kinds: list[str], newline: str, ending: str, seed: int
@@ -187,7 +188,7 @@ def test_deny_lets_nothing_recognisable_out(
     check_deny(dialect, kinds, newline, ending, seed)
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=example_count(15), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(**CASES)
 def test_report_counts_each_value_once(
     dialect: str, kinds: list[str], newline: str, ending: str, seed: int
@@ -196,7 +197,7 @@ def test_report_counts_each_value_once(
 
 
 @pytest.mark.slow
-@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=example_count(1500), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(**CASES)
 def test_deny_lets_nothing_recognisable_out_many(
     dialect: str, kinds: list[str], newline: str, ending: str, seed: int
@@ -205,7 +206,7 @@ def test_deny_lets_nothing_recognisable_out_many(
 
 
 @pytest.mark.slow
-@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=example_count(1500), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(**CASES)
 def test_report_counts_each_value_once_many(
     dialect: str, kinds: list[str], newline: str, ending: str, seed: int

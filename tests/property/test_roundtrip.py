@@ -15,6 +15,7 @@ from ext_proc.restore.restorers import Restorer
 from ext_proc.restore.stream import StreamRestorer
 from ext_proc.transform.placeholders import PlaceholderMap
 from ext_proc.transform.redact import resolve_overlaps, reversible, rewrite, strip
+from tests.support.examples import example_count
 
 CATALOG = Catalog.for_sets(("pii", "pci", "secrets"))
 
@@ -84,7 +85,7 @@ def check_roundtrip(sample: tuple[str, list[str]], splits: list[int]) -> None:
     assert "".join(pieces) == text
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=example_count(300), suppress_health_check=[HealthCheck.too_slow])
 @given(sample=texts_with_entities(), splits=st.lists(st.integers(0, 400), max_size=8))
 def test_restore_of_redact_is_the_identity(sample: tuple[str, list[str]], splits: list[int]) -> None:
     check_roundtrip(sample, splits)
@@ -97,7 +98,7 @@ def test_restore_of_redact_is_the_identity_many(sample: tuple[str, list[str]], s
     check_roundtrip(sample, splits)
 
 
-@settings(max_examples=200)
+@settings(max_examples=example_count(200))
 @given(sample=texts_with_entities())
 def test_strip_mode_leaves_kinds_and_no_entity(sample: tuple[str, list[str]]) -> None:
     text, planted = sample

@@ -26,6 +26,7 @@ from ext_proc.exchange.pipeline import find_media, redact_and_check, redact_docu
 from ext_proc.policy.model import Policy
 from ext_proc.transform.placeholders import PlaceholderMap
 from tests.support.e2e import PERSON
+from tests.support.examples import example_count
 
 CATALOG = Catalog.for_sets(("pii", "pci", "secrets"))
 SUBJECTS = compile_subjects(parse_subject_header(encode_subject_header({"subjects": [PERSON]})))
@@ -221,7 +222,7 @@ def check(doc_case: tuple[str, dict[str, Any], list[Planted]], mode: str) -> Non
     assert left == [], "planted values left upstream (index, kind)"
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@settings(max_examples=example_count(300), suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(case=documents(), mode=st.sampled_from(["reversible", "strip"]))
 def test_nothing_planted_leaves(case: tuple[str, dict[str, Any], list[Planted]], mode: str) -> None:
     check(case, mode)

@@ -21,6 +21,7 @@ from ext_proc.detect.offsets import EditMap, apply_edits
 from ext_proc.detect.subjects.header import encode_subject_header, parse_subject_header
 from ext_proc.detect.subjects.matcher import compile_subjects
 from ext_proc.restore.output_gate import OutputGate
+from tests.support.examples import example_count
 
 ALL = Catalog.for_sets(SETS)
 
@@ -120,7 +121,7 @@ def test_ascii_view_is_the_text_with_tabs_as_spaces_and_inner_runs_collapsed(tex
 
 
 @given(st.text())
-@settings(max_examples=300)
+@settings(max_examples=example_count(300))
 def test_the_view_is_idempotent(text: str) -> None:
     once = canonical(text).text
     assert canonical(once).text == once

@@ -31,6 +31,7 @@ from ext_proc.detect.catalog.entropy import (
 from ext_proc.detect.catalog.validators import luhn_valid
 from ext_proc.detect.findings import ALL_SETS, CATALOG_KINDS, SETS, Finding
 from ext_proc.errors import DetectionError
+from tests.support.examples import example_count
 
 ALL = Catalog.for_sets(ALL_SETS)
 
@@ -570,7 +571,7 @@ _VALUES = {
 }
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=example_count(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     before=st.text(max_size=120),
     after=st.text(max_size=120),
@@ -585,7 +586,7 @@ def test_inserted_value_is_found(before: str, after: str, kind: str) -> None:
     assert found, f"{kind} at {start}:{end} not covered; found {kinds_at(text)}"
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=example_count(60), deadline=None)
 @given(st.text(alphabet=string.ascii_letters + " .,;:!?'\n", max_size=300))
 def test_prose_without_digits_has_no_pii(text: str) -> None:
     kinds = {f.kind for f in ALL.detect(text)}
@@ -601,7 +602,7 @@ _FRAGMENTS = [
 ]  # fmt: skip
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=example_count(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.one_of(st.sampled_from(_FRAGMENTS), st.text(max_size=4)), max_size=40))
 def test_findings_are_well_formed_on_any_mix(parts: list[str]) -> None:
     text = "".join(parts)
@@ -622,7 +623,7 @@ _EMAIL_PIECES = st.sampled_from(
 )  # fmt: skip
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=example_count(400), deadline=None)
 @given(st.lists(_EMAIL_PIECES, max_size=40).map("".join))
 def test_the_at_sign_anchor_loses_no_email(text: str) -> None:
     """EMAIL is matched only at the one start each `@` allows: on any text every span the full scan

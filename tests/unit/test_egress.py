@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from ext_proc.dialects import DIALECTS
 from ext_proc.transform.egress import EgressHit, check_body, exact_decimal
 from ext_proc.transform.walk import MAX_DEPTH, NestingTooDeep
+from tests.support.examples import example_count
 
 NEEDLE = "4045550187"
 
@@ -128,7 +129,7 @@ def test_exact_decimal() -> None:
     assert exact_decimal(Decimal("1e999999")) == "1"  # never a million zeros
 
 
-@settings(max_examples=300)
+@settings(max_examples=example_count(300))
 @given(
     path=st.lists(st.sampled_from(["a", "b", "metadata", "arguments", "input"]), min_size=1, max_size=6),
     as_number=st.booleans(),

@@ -14,6 +14,7 @@ from ext_proc.detect.subjects.header import encode_subject_header, parse_subject
 from ext_proc.detect.subjects.matcher import compile_subjects
 from ext_proc.errors import DetectionError
 from tests.support.e2e import SAMPLES
+from tests.support.examples import example_count
 
 ALL = Catalog.for_sets(SETS)
 LONG = "Write to " + SAMPLES["EMAIL"] + " or call " + SAMPLES["PHONE"] + " about the invoice for March."
@@ -103,7 +104,7 @@ def test_subject_headers_do_not_share_results() -> None:
     assert compiled("Jonas Albrecht").first_survivor(text) is None
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=example_count(200), deadline=None)
 @given(
     st.lists(st.sampled_from([*SAMPLES.values(), "word", " ", "\n", "12", "-", "@", "x" * 30]), max_size=30)
 )

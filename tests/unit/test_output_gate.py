@@ -13,6 +13,7 @@ from ext_proc.detect.findings import SETS
 from ext_proc.restore.output_gate import WINDOW, OutputGate
 from ext_proc.transform.egress import neutralise_own_markers
 from tests.support.e2e import SAMPLES
+from tests.support.examples import example_count
 
 ALL = Catalog.for_sets(SETS)
 NONCE = "0a1b2c3d"
@@ -127,7 +128,7 @@ def assert_seen_however_cut(kind: str, before: str, cuts: list[int]) -> None:
     assert tripped and g.counts().get(kind, 0) >= 1
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=example_count(120), deadline=None)
 @given(**SPLITS)
 def test_no_split_hides_a_value(kind: str, before: str, cuts: list[int]) -> None:
     """Wherever the chunks are cut, a value in the stream trips the gate and is counted."""
@@ -141,7 +142,7 @@ def test_no_split_hides_a_value_many(kind: str, before: str, cuts: list[int]) ->
     assert_seen_however_cut(kind, before, cuts)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=example_count(40), deadline=None)
 @given(size=st.integers(min_value=1, max_value=9), seed=st.integers(0, 2**16))
 def test_a_placeholder_being_streamed_is_never_a_finding(size: int, seed: int) -> None:
     """Half a placeholder at the end of what has arrived (`SUBJECT1_NAME_3f9a1c`: a 20-character

@@ -34,6 +34,7 @@ from ext_proc.transform.placeholders import (
     stable_label,
 )
 from tests.support.e2e import PERSON
+from tests.support.examples import example_count
 from tests.unit.test_restore import CHECKS, MANGLES, Expect, build, splits
 
 KEY = bytes(range(32))  # a tenant's pseudonym key (derived from TENANT_SECRET in production)
@@ -336,7 +337,7 @@ def test_a_rolled_back_chunk_leaves_no_trace() -> None:
     assert head + sse.feed(stream[half:]) + sse.finish() == expected
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=example_count(60), deadline=None)
 @given(st.lists(st.integers(0, 10_000), max_size=12), st.sampled_from(sorted(STREAMS)))
 def test_property_sse_with_vault_equals_one_piece(cuts: list[int], dialect: str) -> None:
     stream = STREAMS[dialect]

@@ -16,6 +16,7 @@ from ext_proc.detect.findings import Finding
 from ext_proc.transform.grammar import NONCE_HEX_CHARS, format_placeholder, strip_marker
 from ext_proc.transform.placeholders import PlaceholderMap
 from ext_proc.transform.redact import SUBJECT_PRIORITY_LIMIT, resolve_overlaps, reversible, rewrite, strip
+from tests.support.examples import example_count
 
 PLACEHOLDER = re.compile(r"^<[A-Z0-9_]+_[0-9a-f]{8}_[1-9][0-9]*>$")
 
@@ -131,7 +132,7 @@ findings_strategy = st.lists(
 )
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=example_count(400), deadline=None)
 @given(findings_strategy)
 def test_resolution_property(found: list[Finding]) -> None:
     """Never overlapping, sorted, a subset, and every dropped span lost to a kept one of better rank."""
@@ -235,7 +236,7 @@ def test_strip_writes_the_label() -> None:
     assert strip_marker("CREDIT_CARD") == "[CREDIT_CARD]"
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=example_count(200), deadline=None)
 @given(st.text(min_size=1, max_size=80), st.data())
 def test_rewrite_keeps_everything_outside_the_spans(text: str, data: st.DataObject) -> None:
     """Between the replacements, the text is exactly the original's."""
@@ -299,7 +300,7 @@ def test_format_placeholder() -> None:
     assert format_placeholder("CREDIT_CARD", "deadbeef", 12) == "<CREDIT_CARD_deadbeef_12>"
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=example_count(300), deadline=None)
 @given(
     st.lists(
         st.tuples(

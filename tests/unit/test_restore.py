@@ -27,6 +27,7 @@ from ext_proc.restore.restorers import Restorer
 from ext_proc.restore.sse import SseRestorer
 from ext_proc.restore.stream import StreamRestorer
 from ext_proc.transform.placeholders import PlaceholderMap
+from tests.support.examples import example_count
 
 NONCE = "ab12cd34"
 S = TypeVar("S", str, bytes)
@@ -1042,7 +1043,7 @@ def _fragments_sse_property(dialect: str, model: str, sizes: list[int], cuts: li
 
 CUTS = st.lists(st.integers(0, 4000), max_size=30)
 SIZES = st.lists(st.integers(1, 9), min_size=1, max_size=6)
-FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=example_count(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SLOW = settings(max_examples=5000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 

@@ -23,6 +23,7 @@ from ext_proc.restore.restorers import Restorer
 from ext_proc.restore.sse import SseRestorer
 from ext_proc.restore.stream import StreamRestorer
 from ext_proc.transform.placeholders import PlaceholderMap
+from tests.support.examples import example_count
 from tests.unit.test_restore import CHECKS, Expect, build, run, splits
 
 NONCE = "5e7a9c01"
@@ -292,7 +293,7 @@ def _round_trip(case: tuple[str, Any], cuts: list[int], json_escaped: bool) -> N
     assert restored_stream(text, cuts, json_escaped=json_escaped) == whole
 
 
-FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=example_count(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SLOW = settings(max_examples=4000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 CUTS = st.lists(st.integers(0, 3000), max_size=25)
 

@@ -47,6 +47,7 @@ from ext_proc.detect.subjects.words import GAP_CONNECTORS, common_words, is_comm
 from ext_proc.errors import DetectionError
 from ext_proc.transform.redact import SUBJECT_PRIORITY_LIMIT
 from tests.support.e2e import PERSON
+from tests.support.examples import example_count
 
 # The shared invented person, with a second email declared.
 MARISOL = {**PERSON, "emails": [*PERSON["emails"], "bluejay1986@example.net"]}
@@ -527,7 +528,7 @@ def test_common_word_list_is_real() -> None:
 # =============================================================================================
 
 FAST = settings(
-    max_examples=400,
+    max_examples=example_count(400),
     deadline=None,
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],

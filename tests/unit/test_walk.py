@@ -19,6 +19,7 @@ from ext_proc.transform.walk import (
     NotJson,
     parse_json,
 )
+from tests.support.examples import example_count
 
 MARK = "\ue000"  # a private-use character no generated text contains
 
@@ -77,7 +78,7 @@ json_values = st.recursive(
 nested_json_strings = json_values.map(lambda v: json.dumps({"payload": v}))
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=example_count(300), suppress_health_check=[HealthCheck.too_slow])
 @given(doc=st.dictionaries(plain_keys, json_values | nested_json_strings, max_size=6))
 def test_walk_never_forwards_a_string_it_did_not_read(doc: dict[str, Any]) -> None:
     out, _ = walk(doc)
@@ -92,7 +93,7 @@ def test_walk_never_forwards_a_string_it_did_not_read_many(doc: dict[str, Any]) 
     assert unread_strings(out) == []
 
 
-@settings(max_examples=200)
+@settings(max_examples=example_count(200))
 @given(doc=json_values)
 def test_walk_with_identity_visit_is_the_identity(doc: Any) -> None:
     walker = LeafWalker(lambda s, _p: s, media_positions=set(), system_positions=set())
