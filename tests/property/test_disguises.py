@@ -241,7 +241,7 @@ def test_the_carriers_show_no_value() -> None:
 
 # --- the properties -------------------------------------------------------------------------------
 
-FAST = settings(max_examples=example_count(1000), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=example_count(2000), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SLOW = settings(max_examples=10000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
