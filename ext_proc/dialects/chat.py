@@ -166,6 +166,8 @@ class ChatStream(ChannelStream):
                 key: ChannelKey = ("chat", ci, field)
                 out = self._feed(key, event, data, choice, text, json_escaped=False)
                 sites.append(Site(key, delta, field, text, out))
+        if all(field in _PLAIN_FIELDS and isinstance(value, str) for field, value in delta.items()):
+            return sites  # texts and bookkeeping only (most deltas): nothing else to read
         for (outer, field), json_escaped in self.NESTED.items():
             inner = delta.get(outer)
             text = inner.get(field) if isinstance(inner, dict) else None
@@ -195,20 +197,17 @@ class ChatStream(ChannelStream):
                 # The call's other strings (its name, fields this code does not know).
                 sites += self._path_sites(call, ("chat", ci, "tool", index, "call"), frozenset({"arguments"}))
         # Every other string of the delta: a gate channel of its key path.
-        handled = _HANDLED
+        # A text field that is not a string (`content` as a list of parts, which no stream
+        # should send) is read by its key paths like any other value.
         for field, value in delta.items():
-            # A text field that is not a string (`content` as a list of parts, which no stream
-            # should send) is read by its key paths like any other value.
-            if (field in self.TEXT_FIELDS and isinstance(value, str)) or (
-                field == "tool_calls" and isinstance(value, list)
-            ):
-                continue
-            prefix: ChannelKey = ("chat", ci, "delta", field)
-            if isinstance(value, (dict, list)):
-                sites += self._path_sites(value, prefix, handled.get(field, frozenset()))
-            elif isinstance(value, str) and value and field not in STRUCTURAL_KEYS:
-                self._gate_feed(prefix, value)
-                sites.append(Site(prefix, delta, field, value, value))
+            if isinstance(value, str):
+                if value and field not in self.TEXT_FIELDS and field not in STRUCTURAL_KEYS:
+                    prefix: ChannelKey = ("chat", ci, "delta", field)
+                    self._gate_feed(prefix, value)
+                    sites.append(Site(prefix, delta, field, value, value))
+            elif isinstance(value, dict) or (isinstance(value, list) and field != "tool_calls"):
+                prefix = ("chat", ci, "delta", field)
+                sites += self._path_sites(value, prefix, _HANDLED.get(field, frozenset()))
         return sites
 
     @staticmethod
@@ -249,6 +248,9 @@ class ChatStream(ChannelStream):
         data["choices"] = [choice]
         return data
 
+
+# The string fields of a delta that are read above as texts, or are bookkeeping.
+_PLAIN_FIELDS = frozenset(ChatStream.TEXT_FIELDS) | STRUCTURAL_KEYS
 
 # The fields of a delta's nested objects that have channels (or are media) of their own: the
 # rest of such an object is read by its key paths.

@@ -81,7 +81,8 @@ class SseEvent:
 
 def parse_event(raw: bytes, body_end: int, newline: bytes = b"\n") -> SseEvent:
     """The event whose field lines are `raw[:body_end]` (`newline`: how its lines end)."""
-    lines = _LINE_END.split(raw[:body_end])
+    head = raw[:body_end]
+    lines = _LINE_END.split(head) if b"\r" in head else head.split(b"\n")
     if lines[0].startswith(_BOM):
         # A byte order mark before the stream's first field: the SSE format strips it (a browser's
         # EventSource reads the event; the Python SDKs skip it), so the event is read as data.
@@ -382,10 +383,8 @@ class SseRestorer:
         self._buf = bytearray()
         self._scan = 0  # where the search for the end of the pending event resumes
         self._queue: list[Queued] = []
-
-    @property
-    def _holds(self) -> bool:
-        return self._gate is not None and self._gate.deny
+        # Under `deny`, output waits for the gate's decision.
+        self._holds = gate is not None and gate.deny
 
     def checkpoint(self) -> SseCheckpoint:
         """The state before a chunk, so the chunk can be restored again from it (`rollback`): how
