@@ -9,6 +9,9 @@ on stdout, not on stderr.
     (with --policy, a finding of a kind the policy blocks or allows carries `"action"`)
     scan --jsonl [--sets … | --policy FILE]                  {"text": …} lines → {"findings": […]}
 
+With `--policy`, a policy whose `media` is `mask` or `block` gets a note on stderr: scan reads
+text only and runs no OCR, so it cannot show what the server does with a request's images.
+
 Blank `--jsonl` lines are skipped. Declared subjects (a non-null `"subject"` in a line) stop
 the run with exit status 2 until the subject matchers exist (lines before it are answered):
 reporting catalog findings alone for such a line would understate what the server redacts.
@@ -20,11 +23,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from ext_proc.detect.catalog.engine import Catalog
 from ext_proc.detect.findings import ALL_SETS, Finding
 from ext_proc.errors import DetectionError
+
+if TYPE_CHECKING:
+    from ext_proc.policy.model import Policy
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -57,7 +63,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -> int:
     try:
-        catalog = _catalog(args)
+        catalog, policy = _catalog(args)
+        if policy is not None and policy.media in MEDIA_NOTES:
+            print(
+                f"scan: note: {policy.source}: media: {policy.media}: {MEDIA_NOTES[policy.media]}",
+                file=sys.stderr,
+            )
         if args.jsonl:
             return _run_jsonl(catalog, stdin, stdout)
         findings = catalog.detect(stdin.read())
@@ -73,7 +84,19 @@ def run(args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -> int:
         return EXIT_ERROR
 
 
-def _catalog(args: argparse.Namespace) -> Catalog:
+# What the server does with a request's media under the policy's `media`, which scan cannot show.
+MEDIA_NOTES = {
+    "mask": (
+        "scan reads text only and runs no OCR: the server would also read every image of a request "
+        "without declared subjects and paint what this catalog finds there, or refuse the request "
+        "(422) when an image cannot be read or masked; try images through the running server"
+    ),
+    "block": "scan reads text only: the server refuses (422) any request without declared subjects "
+    "that carries media",
+}
+
+
+def _catalog(args: argparse.Namespace) -> tuple[Catalog, Policy | None]:
     if getattr(args, "policy", None):
         # Imported here: the policy module is a separate concern and the scan of plain text
         # must not depend on it.
@@ -83,17 +106,18 @@ def _catalog(args: argparse.Namespace) -> Catalog:
             policy = load_policy_file(args.policy)
         except Exception as exc:  # the policy loader names file, key and reason itself
             raise _UsageError(f"cannot use policy {args.policy}: {exc}") from None
-        return Catalog.for_sets(
+        catalog = Catalog.for_sets(
             policy.sets,
             skip_documentation_ips=bool(policy.skip_documentation_ips),
             extensions=policy.extensions,
         )
+        return catalog, policy
     sets_arg = getattr(args, "sets", None)
     sets = ALL_SETS if sets_arg is None else tuple(s.strip() for s in sets_arg.split(",") if s.strip())
     unknown = [s for s in sets if s not in ALL_SETS]
     if unknown:
         raise _UsageError(f"unknown set(s) {', '.join(unknown)}; choose from {', '.join(ALL_SETS)}")
-    return Catalog.for_sets(sets)
+    return Catalog.for_sets(sets), None
 
 
 def _run_jsonl(catalog: Catalog, stdin: TextIO, stdout: TextIO) -> int:

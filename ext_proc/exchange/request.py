@@ -1,11 +1,13 @@
 """The request-body phase: read the body as the API's JSON, redact it, check what would leave.
 
-A request without declared subjects is redacted with the tenant's catalog; a detection failure
-follows `failMode` (closed: 503; open: forwarded, the gap recorded). A request that declares
-subjects gets the media policy first (block refuses; mask hands its images to OCR, `NeedsOcr`),
-then redaction and the egress check, and any failure refuses it whatever `failMode` says. Under
-`reportOnly` the whole pipeline runs (images masked too) for its record: the counts, the egress
-verdict and the stage it would have refused at; the original body goes upstream unchanged.
+Every request gets its media policy first (`exchange/masking.py`: block refuses; mask hands its
+images to OCR, `NeedsOcr`). A request without declared subjects is then redacted with the
+tenant's catalog; a detection failure of its text follows `failMode` (closed: 503; open:
+forwarded, its images masked, the gap recorded), while a media refusal refuses it whatever
+`failMode` says (masking was asked for). A request that declares subjects gets redaction and the
+egress check, and any failure refuses it whatever `failMode` says. Under `reportOnly` the whole
+pipeline runs (images masked too) for its record: the counts, the egress verdict and the stage it
+would have refused at; the original body goes upstream unchanged.
 """
 
 from __future__ import annotations
@@ -53,13 +55,18 @@ def reported(context: RequestContext, record: ExchangeRecord, result: Forward | 
 def after_masking(
     context: RequestContext, record: ExchangeRecord, masked: MaskJob | Refuse
 ) -> Forward | Refuse:
-    """A subject request whose images were masked (or could not be): redacted and checked."""
+    """A request whose images were masked (or could not be): redacted (and checked)."""
     if isinstance(masked, Refuse):
         return reported(context, record, masked)
     try:
-        result = finish_subject_body(context, record, masked)
+        if context.subjects is not None:
+            result = finish_subject_body(context, record, masked)
+        else:
+            result = finish_catalog_body(context, record, masked)
     except Refusal as refusal:
         result = Refuse(refusal)
+    except BodyError as error:
+        result = Refuse(refusal_for(error))
     return reported(context, record, result)
 
 
@@ -73,34 +80,56 @@ def _read(runtime: Runtime, context: RequestContext, record: ExchangeRecord, raw
     doc = parse_json(text)
     if context.subjects is not None:
         return _subject_body(runtime, context, record, raw, doc)
-    return _catalog_body(context, record, doc)
+    return _catalog_body(runtime, context, record, raw, doc)
 
 
-def _catalog_body(context: RequestContext, record: ExchangeRecord, doc: Any) -> Forward | Refuse:
-    """A request without declared subjects: redact; a detection failure follows failMode."""
-    policy = context.policy
+def _catalog_body(
+    runtime: Runtime, context: RequestContext, record: ExchangeRecord, raw: bytes, doc: Any
+) -> BodyResult:
+    """A request without declared subjects: the tenant's `media` policy, then redaction."""
     try:
         parts = find_media(doc, context.dialect)
-        record.media = len(parts)
+    except DetectionError as exc:
+        return _detection_failed(context, record, exc, MaskJob(raw, doc))
+    record.media = len(parts)
+    to_mask = media_policy(parts, context, runtime.ocr)  # a refusal here ignores failMode
+    if to_mask:
+        return NeedsOcr(MaskJob(raw, doc, parts, to_mask))
+    return finish_catalog_body(context, record, MaskJob(raw, doc, parts))
+
+
+def finish_catalog_body(context: RequestContext, record: ExchangeRecord, job: MaskJob) -> Forward | Refuse:
+    """Redact a request without declared subjects (its images already masked, if it had any to
+    mask); a detection failure follows failMode."""
+    try:
         redaction = redact_document(
-            doc,
-            policy=policy,
+            job.doc,
+            policy=context.policy,
             dialect=context.dialect,
             catalog=context.catalog(),
             placeholders=context.placeholders,
             subjects=None,
-            media=parts,
+            media=job.parts,
             counts=record.counts,
         )
     except DetectionError as exc:
-        if policy.fail_mode == "closed" and not policy.report_only:
-            message = f"detection failed ({exc}); failMode is closed"
-            return Refuse(refusal_for(exc, message, FAIL_CLOSED))
-        record.record_gap("detection", str(exc))
-        return Forward()
-    if not redaction.changed:
+        return _detection_failed(context, record, exc, job)
+    if not redaction.changed and not job.masked:
         return Forward()
     return Forward(body=dump_json(redaction.doc))
+
+
+def _detection_failed(
+    context: RequestContext, record: ExchangeRecord, exc: DetectionError, job: MaskJob
+) -> Forward | Refuse:
+    """failMode: closed refuses (503); open forwards the text as it came and records the gap.
+    Images masked already go masked: the original bytes are never what failMode forwards."""
+    policy = context.policy
+    if policy.fail_mode == "closed" and not policy.report_only:
+        message = f"detection failed ({exc}); failMode is closed"
+        return Refuse(refusal_for(exc, message, FAIL_CLOSED))
+    record.record_gap("detection", str(exc))
+    return Forward(body=dump_json(job.doc)) if job.masked else Forward()
 
 
 def _subject_body(

@@ -51,7 +51,7 @@ class Forward:
 
 @dataclass(frozen=True, slots=True)
 class MaskJob:
-    """A subject request's images to mask before its body is redacted and checked."""
+    """A request's images to mask before its body is redacted (and, with subjects, checked)."""
 
     raw: bytes
     doc: Any

@@ -8,24 +8,30 @@ word within a small edit distance of a declared identifier's letters and digits 
 character more often than it drops a word); and runs of numeric words holding 12 digits or more
 are marked (a card misread past its checksum).
 
+Each finding is also kept as a `Hit` (its label and the quads of its words), and `Tally` counts
+an image's hits as values by label: the same value read in several readings or passes is at the
+same place, and counts once.
+
 `ocr_can_read` says beforehand whether the reader can see a request's declared values at all.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import regex
 
+from ext_proc.detect.catalog.engine import PRIORITY_BASE
 from ext_proc.detect.findings import Finding
 from ext_proc.detect.normalize import fold
 from ext_proc.detect.subjects.header import SubjectHeader
 from ext_proc.errors import DetectionError
 from ext_proc.media.image import MaskError
 from ext_proc.media.read import Word
-from ext_proc.media.rows import canonical, same_place
+from ext_proc.media.rows import GRID, canonical, same_place
+from ext_proc.media.textlike import Quad, meet
 
 Detector = Callable[[str], Sequence[Finding]]
 
@@ -99,19 +105,118 @@ def _fuzzy_compiled(keys: tuple[str, ...]) -> regex.Pattern[str]:
     return regex.compile("(?:" + "|".join(parts) + ")")
 
 
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """A detector's finding among the words: its label (`EMAIL`, `SUBJECT1_NAME`), its rank
+    (`Finding.priority`) and the quads of the words it covers. Never its text."""
+
+    label: str
+    priority: int
+    quads: tuple[Quad, ...]
+
+
 def find_words(words: Sequence[Word], detectors: Sequence[Detector], fuzzy: Declared | None) -> set[int]:
+    """Indices of the words that are (part of) an identifier or a catalog entity (`find_values`)."""
+    return find_values(words, detectors, fuzzy)[0]
+
+
+def find_values(
+    words: Sequence[Word], detectors: Sequence[Detector], fuzzy: Declared | None
+) -> tuple[set[int], list[Hit]]:
     """Indices of the words that are (part of) an identifier or a catalog entity: in the lines
     of each reading, and in the one reading made of the best word at each place
-    (media/rows.py), where an identifier read in parts by several readings comes together."""
+    (media/rows.py), where an identifier read in parts by several readings comes together; and
+    the detectors' findings among them as hits (the fuzzy and long-number rules mark words
+    without a label, and make none)."""
     if not words:
-        return set()
-    marked = _find_in(words, detectors, fuzzy)
+        return set(), []
+    marked, hits = _find_in(words, detectors, fuzzy)
     placed = canonical(words)
     relined = [replace(words[index], line=line) for index, line in placed]
-    found = {placed[i][0] for i in _find_in(relined, detectors, fuzzy)}
+    in_rows, row_hits = _find_in(relined, detectors, fuzzy)
+    found = {placed[i][0] for i in in_rows}
     if fuzzy is not None and fuzzy.numbers:
         found |= {placed[i][0] for i in _number_pieces(relined, fuzzy.numbers)}
-    return marked | found | same_place(words, found)
+    return marked | found | same_place(words, found), hits + row_hits
+
+
+class Tally:
+    """One image's hits as values, by label: hits whose words overlap (the same value read again,
+    at another scale, in another reading or after a round of paint) are one value, labelled by
+    its best-ranked hit (`_rank`: a declared subject over a catalog kind, a card over a phone
+    inside it)."""
+
+    def __init__(self) -> None:
+        self._hits: list[Hit] = []
+        self._seen: set[Hit] = set()  # a hit found again (the lines joined, another pass) adds nothing
+        self._parent: list[int] = []  # union-find over the hits: one root per value
+        # Grid cell → (hit, its quad, the quad's bounding box) of every quad there.
+        self._cells: dict[tuple[int, int], list[tuple[int, Quad, _Box]]] = {}
+
+    def add(self, hits: Iterable[Hit]) -> None:
+        for hit in hits:
+            if hit in self._seen:
+                continue
+            self._seen.add(hit)
+            index = len(self._hits)
+            self._hits.append(hit)
+            self._parent.append(index)
+            for quad in hit.quads:
+                box = _bounds(quad)
+                cells = list(_box_cells(box))
+                for cell in cells:
+                    for other, other_quad, other_box in self._cells.get(cell, ()):
+                        if (
+                            _touch(box, other_box)
+                            and self._root(other) != self._root(index)
+                            and meet(quad, other_quad)
+                        ):
+                            self._parent[self._root(other)] = self._root(index)
+                for cell in cells:
+                    self._cells.setdefault(cell, []).append((index, quad, box))
+
+    def _root(self, index: int) -> int:
+        while self._parent[index] != index:
+            self._parent[index] = self._parent[self._parent[index]]
+            index = self._parent[index]
+        return index
+
+    def counts(self) -> dict[str, int]:
+        """Values by label."""
+        values: dict[int, list[Hit]] = {}
+        for index, hit in enumerate(self._hits):
+            values.setdefault(self._root(index), []).append(hit)
+        out: dict[str, int] = {}
+        for hits in values.values():
+            label = min(hits, key=_rank).label
+            out[label] = out.get(label, 0) + 1
+        return out
+
+
+def _rank(hit: Hit) -> tuple[int, int, int, str]:
+    """As redaction ranks overlapping findings in text: a declared subject first, then the longer
+    (here: in words), then the catalog's priority."""
+    return (0 if hit.priority < PRIORITY_BASE else 1, -len(hit.quads), hit.priority, hit.label)
+
+
+_Box = tuple[float, float, float, float]
+
+
+def _bounds(quad: Quad) -> _Box:
+    xs = [x for x, _ in quad]
+    ys = [y for _, y in quad]
+    return min(xs), min(ys), max(xs), max(ys)
+
+
+def _touch(a: _Box, b: _Box) -> bool:
+    """Whether two boxes overlap (a cheap test before `meet`: quads whose boxes do not, do not)."""
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def _box_cells(box: _Box) -> Iterator[tuple[int, int]]:
+    for gy in range(int(box[1]) // GRID, int(box[3]) // GRID + 1):
+        for gx in range(int(box[0]) // GRID, int(box[2]) // GRID + 1):
+            yield gx, gy
 
 
 def _number_pieces(row_words: Sequence[Word], numbers: Sequence[str]) -> set[int]:
@@ -146,11 +251,14 @@ def _number_pieces(row_words: Sequence[Word], numbers: Sequence[str]) -> set[int
     return marked
 
 
-def _find_in(words: Sequence[Word], detectors: Sequence[Detector], fuzzy: Declared | None) -> set[int]:
+def _find_in(
+    words: Sequence[Word], detectors: Sequence[Detector], fuzzy: Declared | None
+) -> tuple[set[int], list[Hit]]:
     if not words:
-        return set()
+        return set(), []
     text, spans = lines_text(words)
     marked: set[int] = set()
+    hits: list[Hit] = []
     # The lines as they are, and joined into one (same offsets): a card or an email wrapped onto
     # the next line of a screenshot is one value to a reader.
     for reading in dict.fromkeys((text, text.replace("\n", " "))):
@@ -160,7 +268,19 @@ def _find_in(words: Sequence[Word], detectors: Sequence[Detector], fuzzy: Declar
             except (TimeoutError, DetectionError):
                 raise MaskError("detection on the recognised text did not finish") from None
             for finding in findings:
-                marked.update(i for start, end, i in spans if start < finding.end and finding.start < end)
+                under = [
+                    (i, min(end, finding.end) - max(start, finding.start), end - start)
+                    for start, end, i in spans
+                    if start < finding.end and finding.start < end
+                ]
+                marked.update(i for i, _, _ in under)  # every word it touches is painted
+                # The value is where most of its words are: a finding that touches the edge of a
+                # neighbouring word (a card match starting in the phone before it) must not make
+                # the two one value when they are counted.
+                mostly = [i for i, covered, length in under if 2 * covered >= length]
+                if under:
+                    where = mostly or [i for i, _, _ in under]
+                    hits.append(Hit(finding.label, finding.priority, tuple(words[i].quad for i in where)))
     marked.update(_long_numbers(words))
     if fuzzy is not None and fuzzy.pattern is not None:
         # Per line, on the letters and digits only, so a misread inside a split identifier is
@@ -179,7 +299,7 @@ def _find_in(words: Sequence[Word], detectors: Sequence[Detector], fuzzy: Declar
                 for i in owner[match.start() : match.end()]:
                     covered[i] = covered.get(i, 0) + 1
                 marked.update(i for i, n in covered.items() if 2 * n >= len(_core(words[i].text)))
-    return marked
+    return marked, hits
 
 
 def _long_numbers(words: Sequence[Word]) -> set[int]:

@@ -15,6 +15,7 @@
    refused.
    An image where the first reading finds nothing to paint is sent as re-encoded after one
    reading (its pixels are the ones read).
+5. Count what was painted: the detectors' findings, as values by label (media/find.py `Tally`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 
 from PIL import Image, ImageDraw
 
-from ext_proc.media.find import Declared, Detector, find_words
+from ext_proc.media.find import Declared, Detector, Hit, Tally, find_values
 from ext_proc.media.image import (
     PIXELS_IN_FLIGHT,
     MaskError,
@@ -46,20 +47,24 @@ MARGIN = 3  # px painted around each word's box at least (a fifth of its height 
 
 @dataclass(slots=True)
 class MaskResult:
-    """What masking one image took: words painted, readings, and each tesseract run's seconds."""
+    """What masking one image took: words painted, the values painted by label (each once,
+    however often it was read), readings, and each tesseract run's seconds."""
 
     masked_words: int = 0
+    values: dict[str, int] = field(default_factory=dict)
     passes: int = 0
     pass_seconds: list[float] = field(default_factory=list)
 
 
 @dataclass(slots=True)
 class _Accounted:
-    """One image's reading so far: the words, the turns it was read at, and what to paint."""
+    """One image's reading so far: the words, the turns it was read at, what to paint, and the
+    detectors' findings among the words."""
 
     words: list[Word]
     turns: list[float]
     marked: set[int]
+    hits: list[Hit]
 
 
 def paint_quads(words: Sequence[Word], indices: set[int]) -> list[Quad]:
@@ -108,12 +113,14 @@ def _mask_decoded(
     else:
         painted: list[Quad] = []
         kept: list[Word] = []
+        tally = Tally()
         rounds = 0
         while state.marked:
             if rounds == MAX_ROUNDS:
                 raise MaskError(f"identifiers were still legible after {MAX_ROUNDS} rounds of masking")
             rounds += 1
             result.masked_words += len(state.marked)
+            tally.add(state.hits)
             quads = paint_quads(state.words, state.marked)
             painted += quads
             kept = _unpainted([*kept, *confirmed(state.words)], painted)
@@ -122,6 +129,7 @@ def _mask_decoded(
             gray = normalize(open_image(encoded, None)[0])  # read exactly what would be sent
             earlier = painted + _confirmed_quads(kept, all_confirmed=True)
             state = _account(gray, state.turns, earlier, detectors, fuzzy, deadline, result)
+        result.values = tally.counts()
     text = base64.b64encode(encoded).decode("ascii")
     return (prefix + text if prefix else text), result
 
@@ -144,14 +152,14 @@ def _account(
     whole = read_whole(gray, deadline, turns)
     result.passes += 1
     result.pass_seconds += whole.seconds
-    state = _Accounted(whole.words, whole.turns, find_words(whole.words, detectors, fuzzy))
+    state = _Accounted(whole.words, whole.turns, *find_values(whole.words, detectors, fuzzy))
     unread = unread_text(gray, _accounted(state, earlier), state.turns)
     if not unread:
         return state
     closer = read_areas(gray, unread, deadline, state.turns)
     result.pass_seconds += closer.seconds
     state.words = state.words + closer.words
-    state.marked = find_words(state.words, detectors, fuzzy)
+    state.marked, state.hits = find_values(state.words, detectors, fuzzy)
     unread = unread_text(gray, _accounted(state, earlier), state.turns)
     if unread:
         raise MaskError(

@@ -115,6 +115,7 @@ _PARSERS: dict[str, Callable[[Path, object], tuple[str, object]]] = {
     ),
     "requireSubject": lambda src, v: ("require_subject", _bool(src, "requireSubject", v)),
     "subjectMedia": lambda src, v: ("subject_media", _choice(src, "subjectMedia", v, MEDIA_POLICIES)),
+    "media": lambda src, v: ("media", _choice(src, "media", v, MEDIA_POLICIES)),
     "reportOnly": lambda src, v: ("report_only", _bool(src, "reportOnly", v)),
     "allowHeaderOverride": lambda src, v: ("allow_header_override", _bool(src, "allowHeaderOverride", v)),
     "upstreams": lambda src, v: ("upstreams", _upstreams(src, v)),
@@ -157,6 +158,11 @@ def parse_policy(source: Path, data: object) -> Policy:
         # A consistent pseudonym's label is one every replica's restore and vault know in
         # advance; a tenant's own kinds are not among them, so their values could not come back.
         raise PolicyError(source, "customKinds", "cannot be combined with consistentPseudonyms: true")
+    if values.get("mode") == "off" and values.get("media", "allow") != "allow":
+        # Under mode: off the body is forwarded unread, so no media part could be blocked or masked.
+        raise PolicyError(
+            source, "media", "block and mask cannot be combined with mode: off (the body is not read)"
+        )
     return Policy(tenant=tenant, source=str(source), extensions=extensions, **values)
 
 

@@ -70,6 +70,7 @@ class Policy:
     vault_ttl_seconds: int = DEFAULT_VAULT_TTL_SECONDS
     require_subject: bool = False
     subject_media: MediaPolicy = "block"
+    media: MediaPolicy = "allow"  # media in requests without declared subjects
     report_only: bool = False
     allow_header_override: bool = False
     upstreams: frozenset[str] = frozenset(PROVIDERS)

@@ -86,6 +86,7 @@ _STRICTNESS: tuple[_Knob, ...] = (
     _Knob("vaultTtlSeconds", "vault_retention", lambda target, base: base == 0 or target <= base),
     _Knob("requireSubject", "require_subject", _ranked(_TRUE_IS_STRICTER)),
     _Knob("subjectMedia", "subject_media", _ranked(MEDIA_STRICTNESS)),
+    _Knob("media", "media", _ranked(MEDIA_STRICTNESS)),
     _Knob("reportOnly", "report_only", _ranked(_FALSE_IS_STRICTER)),
     _Knob("allowHeaderOverride", "allow_header_override", _ranked(_FALSE_IS_STRICTER)),
     _Knob("skipDocumentationIps", "skip_documentation_ips", _ranked(_FALSE_IS_STRICTER)),
@@ -123,6 +124,7 @@ def less_strict_knobs(target: Policy, base: Policy) -> list[str]:
     - requireSubject: false < true. False lets a request through without declared subjects.
     - subjectMedia: allow < mask < block. Allow forwards images as they are; mask forwards what OCR
       could paint over (and OCR can miss); block forwards no media.
+    - media: allow < mask < block, for the same reasons, in requests without declared subjects.
     - reportOnly: true < false. Report-only forwards the request unchanged.
     - allowHeaderOverride: true < false. The target may not hand the caller more control over its
       own redaction than the base does.

@@ -253,6 +253,12 @@ KNOB_TESTS: dict[str, list[tuple[str, str]]] = {
         ("e2e.test_subjects", "test_media_is_blocked_by_default_and_allowed_by_policy"),
         ("e2e.test_media", "test_the_stricter_of_tenant_and_header_wins"),
     ],
+    "media": [
+        ("e2e.test_media_catalog", "test_mask_paints_the_card_and_the_email_and_counts_them_by_kind"),
+        ("e2e.test_media_catalog", "test_block_refuses_any_media_before_the_upstream"),
+        ("e2e.test_media_catalog", "test_the_default_forwards_the_image_byte_for_byte"),
+        ("e2e.test_media_catalog", "test_x_tenant_may_tighten_media_but_not_loosen_it"),
+    ],
     "reportOnly": [
         ("e2e.test_knobs", "test_report_only_forwards_the_original_and_records_the_counts"),
         ("e2e.test_knobs", "test_report_only_records_a_refusal_it_did_not_make"),

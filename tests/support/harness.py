@@ -49,6 +49,9 @@ KEYS = {
     "surrogate-deny": "sk-test-tenant-surrogate-deny",
     "extend": "sk-test-tenant-extend",
     "extend-surrogate": "sk-test-tenant-extend-surrogate",
+    "media-mask": "sk-test-tenant-media-mask",
+    "media-block": "sk-test-tenant-media-block",
+    "media-mask-cards": "sk-test-tenant-media-mask-cards",
 }
 # Test-only secrets (the stack reads them from the environment like a deployment would).
 ADMIN_TOKEN = "test-admin-token-0123456789abcdef"

@@ -162,7 +162,9 @@ def test_scan_policy_file_supplies_sets_and_documentation_switch(monkeypatch: py
 
     def fake_load(path: str) -> SimpleNamespace:
         seen.append(path)
-        return SimpleNamespace(sets=("pii",), skip_documentation_ips=True, extensions=NO_EXTENSIONS)
+        return SimpleNamespace(
+            sets=("pii",), skip_documentation_ips=True, extensions=NO_EXTENSIONS, media="allow"
+        )
 
     monkeypatch.setattr(ext_proc.policy.load, "load_policy_file", fake_load)
     _, out = run_scan(["--policy", "tenant.yaml"], "192.0.2.1 10.0.0.1 4012888888881881")

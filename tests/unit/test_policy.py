@@ -30,6 +30,7 @@ from ext_proc.policy.model import (
     PolicySet,
     hash_api_key,
 )
+from ext_proc.policy.snapshot import dump_policy_set, load_policy_snapshot
 from ext_proc.policy.strictness import less_strict_knobs
 from tests.unit.test_policy_extensions import EXTENSION_STRICTER, LOOSEST_EXTENSIONS, STRICTEST_EXTENSIONS
 
@@ -46,6 +47,7 @@ KNOB_ATTRS = {
     "vaultTtlSeconds": "vault_ttl_seconds",
     "requireSubject": "require_subject",
     "subjectMedia": "subject_media",
+    "media": "media",
     "reportOnly": "report_only",
     "allowHeaderOverride": "allow_header_override",
     "skipDocumentationIps": "skip_documentation_ips",
@@ -137,6 +139,30 @@ def test_output_gate_values_load(tmp_path: Path, written: str) -> None:
     """outputGate takes off (bare or quoted: YAML 1.1 reads a bare off as false), report, deny."""
     path = write_dir(tmp_path, {"t.yaml": f"tenant: t\noutputGate: {written}\n"}) / "t.yaml"
     assert load_policy_file(path).output_gate == written.strip('"')
+
+
+@pytest.mark.parametrize("written", ["allow", "mask", "block", '"mask"'])
+def test_media_values_load(tmp_path: Path, written: str) -> None:
+    """media (requests without declared subjects) takes allow, mask or block; default allow."""
+    path = write_dir(tmp_path, {"t.yaml": f"tenant: t\nmedia: {written}\n"}) / "t.yaml"
+    assert load_policy_file(path).media == written.strip('"')
+    bare = write_dir(tmp_path, {"u.yaml": "tenant: u\nsubjectMedia: mask\n"}) / "u.yaml"
+    assert load_policy_file(bare).media == "allow"
+
+
+def test_media_is_reloaded_and_a_bad_value_keeps_the_last_good_one(tmp_path: Path) -> None:
+    root = write_dir(tmp_path, {"default.yaml": DEFAULT_YAML, "acme.yaml": acme("media: mask\n")})
+    first = load_policy_dir(root)
+    assert first.tenants["acme"].media == "mask"
+    write_dir(root, {"acme.yaml": acme("media: block\n")})
+    second, errors = reload_policy_dir(root, first)
+    assert errors == [] and second.tenants["acme"].media == "block"
+    write_dir(root, {"acme.yaml": acme("media: hidden\n")})
+    third, errors = reload_policy_dir(root, second)
+    assert [(e.key, e.source) for e in errors] == [("media", str(root / "acme.yaml"))]
+    assert third.tenants["acme"].media == "block"
+    # A worker restarted meanwhile starts from the snapshot the others wrote: media kept.
+    assert load_policy_snapshot(dump_policy_set(third)).tenants["acme"].media == "block"
 
 
 def test_output_sets_default_to_the_tenants_sets(tmp_path: Path) -> None:
@@ -291,6 +317,12 @@ def test_policy_check_passes_consistent_pseudonyms_without_the_secret(
         ("requireSubject: 0\n", "requireSubject", "must be true or false"),
         ("subjectMedia: 3\n", "subjectMedia", "must be one of block, mask, allow"),
         ("subjectMedia: hide\n", "subjectMedia", "must be one of"),
+        ("media: hide\n", "media", "must be one of block, mask, allow"),
+        ("media: off\n", "media", "must be one of block, mask, allow"),
+        ("media: [mask]\n", "media", "must be one of"),
+        ("media: Mask\n", "media", "must be one of"),
+        ("mode: off\nmedia: mask\n", "media", "cannot be combined with mode: off"),
+        ("mode: off\nmedia: block\n", "media", "cannot be combined with mode: off"),
         ('reportOnly: "no"\n', "reportOnly", "must be true or false"),
         ("allowHeaderOverride: []\n", "allowHeaderOverride", "must be true or false"),
         ("upstreams: openai\n", "upstreams", "must be a list of strings"),
@@ -471,6 +503,9 @@ STRICTER: list[tuple[str, object, object]] = [
     ("subjectMedia", "allow", "mask"),
     ("subjectMedia", "mask", "block"),
     ("subjectMedia", "allow", "block"),
+    ("media", "allow", "mask"),
+    ("media", "mask", "block"),
+    ("media", "allow", "block"),
     ("reportOnly", True, False),
     ("allowHeaderOverride", True, False),
     ("skipDocumentationIps", True, False),
@@ -558,12 +593,14 @@ def test_several_less_strict_knobs_are_all_named_in_order() -> None:
         outputSets=("pii",),
         allow=LOOSEST_EXTENSIONS,
     )
-    strictest = with_knobs(requireSubject=True, mode="strip", deny=STRICTEST_EXTENSIONS)
+    strictest = with_knobs(requireSubject=True, mode="strip", media="mask", deny=STRICTEST_EXTENSIONS)
     # All but vaultTtlSeconds, which only compares tenants that both keep values.
     assert less_strict_knobs(loosest, strictest) == [k for k in ALL_KNOBS if k != "vaultTtlSeconds"]
     both_keep = with_knobs(loosest, vaultTtlSeconds=7200)
     assert less_strict_knobs(both_keep, with_knobs(consistentPseudonyms=True, vaultTtlSeconds=60)) == [
-        k for k in ALL_KNOBS if k not in ("consistentPseudonyms", "requireSubject", "customKinds", "deny")
+        k
+        for k in ALL_KNOBS
+        if k not in ("consistentPseudonyms", "requireSubject", "media", "customKinds", "deny")
     ]
     assert less_strict_knobs(strictest, loosest) == ["upstreams"]
     some = with_knobs(upstreams=frozenset({"anthropic"}), failMode="open", mode="off")
@@ -806,7 +843,8 @@ def test_shipped_examples_are_selected_by_their_demo_keys() -> None:
         "closed",
     )
     assert less_strict_knobs(strict, policies.default) == []
-    assert less_strict_knobs(policies.default, strict) == ["mode", "requireSubject"]
+    assert less_strict_knobs(policies.default, strict) == ["mode", "requireSubject", "media"]
+    assert (support.media, strict.media, policies.default.media) == ("mask", "block", "allow")
     assert less_strict_knobs(support, policies.default) == ["upstreams", "allow", "actions"]
 
 
@@ -961,6 +999,12 @@ CLI_CASES: list[tuple[dict[str, str | bytes], str, str, str]] = [
         with_default("acme.yml", acme("subjectMedia: hide\n")),
         "acme.yml",
         "subjectMedia",
+        "block, mask, allow",
+    ),
+    (
+        with_default("acme.yaml", acme("media: hide\n")),
+        "acme.yaml",
+        "media",
         "block, mask, allow",
     ),
     (
