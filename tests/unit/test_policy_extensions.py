@@ -139,6 +139,21 @@ def test_absent_keys_add_nothing(tmp_path: Path) -> None:
             "customKinds[0].pattern",
             "backtracks catastrophically",
         ),
+        (  # runs away only after its literal prefix
+            "customKinds: [{name: ABC, pattern: 'REF-(?:\\d|\\d\\d)+#'}]",
+            "customKinds[0].pattern",
+            "backtracks catastrophically",
+        ),
+        (
+            "customKinds: [{name: ABC, pattern: '(?:EMP|E)(?:-|)(?:\\d|\\d\\d)+\\$'}]",
+            "customKinds[0].pattern",
+            "backtracks catastrophically",
+        ),
+        (  # the prefix is two stretches of the source, around a group's end
+            "customKinds: [{name: ABC, pattern: '(ID)-(\\w+\\s?)+;'}]",
+            "customKinds[0].pattern",
+            "backtracks catastrophically",
+        ),
         (
             "customKinds: [{name: ABC, pattern: 'x\\d+', validate: crc32}]",
             "customKinds[0].validate",

@@ -132,17 +132,43 @@ def _probe_units(source: str) -> list[str]:
     return list(dict.fromkeys(units))
 
 
+# A run of literal characters in a pattern's source (an escaped punctuation character is one).
+_STRETCH = regex.compile(r"(?:\\[^A-Za-z0-9]|[^\\\[\](){}.*+?|^$])+")
+_NOT_LITERAL = regex.compile(
+    r"\(\?(?:[:=!>|]|<[=!]|P?<\w+>|[a-zA-Z]+[:)])|\\[A-Za-z0-9]|\{\d*,?\d*\}|\[(?:\\.|[^\]])*\]"
+)
+_MAX_PREFIXES = 12
+
+
+def _prefixes(source: str) -> list[str]:
+    r"""Texts that may lead a match into its repetitions: no prefix, and each literal stretch of
+    the pattern (`REF-` of `REF-(?:\d|\d\d)+#`), escapes undone."""
+    # Group openings, class escapes (`\d`) and counted repetitions break a stretch; a character
+    # class is left out whole.
+    plain = _NOT_LITERAL.sub("(", source)
+    stretches = [regex.sub(r"\\(.)", r"\1", m.group()) for m in _STRETCH.finditer(plain)]
+    # And runs of consecutive stretches (`ID` and `-` of `(ID)-(\w+\s?)+;` make `ID-`).
+    runs = ["".join(stretches[i : i + n]) for n in (1, 2, 3) for i in range(len(stretches) - n + 1)]
+    return ["", *list(dict.fromkeys(r for r in runs if 0 < len(r) <= 24))[:_MAX_PREFIXES]]
+
+
 def runaway_witness(pattern: regex.Pattern[str]) -> str | None:
     """A description of an adversarial text the pattern cannot search within the catalog's
-    timeout, or None. Each text repeats a unit (a character, a literal of the pattern, a pair)
-    and ends in a character no pattern expects, which forces every backtracking path."""
-    for unit in _probe_units(pattern.pattern):
-        for end in ("\x00", "!"):
-            text = unit * (_PROBE_CHARS // len(unit)) + end
-            try:
-                pattern.search(text, timeout=REGEX_TIMEOUT)
-            except TimeoutError:
-                return f"{_PROBE_CHARS:,} characters repeating {unit!r} then {end!r}"
+    timeout, or None. Each text is a prefix (nothing, or a literal stretch of the pattern that a
+    match may start with), then a unit repeated (a character, a literal of the pattern, a pair),
+    then a character no pattern expects, which forces every backtracking path."""
+    units = _probe_units(pattern.pattern)
+    for prefix in _prefixes(pattern.pattern):
+        # After a prefix, the single units (characters and literals) suffice: a pair is a
+        # repetition of two of them, which the text without a prefix tries.
+        for unit in units if not prefix else [u for u in units if len(u) == 1 or u in pattern.pattern]:
+            for end in ("\x00", "!"):
+                text = prefix + unit * (_PROBE_CHARS // len(unit)) + end
+                try:
+                    pattern.search(text, timeout=REGEX_TIMEOUT)
+                except TimeoutError:
+                    lead = f"{prefix!r}, then " if prefix else ""
+                    return f"{lead}{_PROBE_CHARS:,} characters repeating {unit!r} then {end!r}"
     return None
 
 
