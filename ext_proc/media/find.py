@@ -1,8 +1,10 @@
 """Which recognised words to paint: the identifiers and catalog entities in a reading's words.
 
 The words are joined into lines (their offsets kept) and the catalog and the declared-subject
-matchers run over the text, and once more over the lines joined into one (a card or an email
-wrapped onto the next line); every word a finding overlaps is marked. The subject matchers ignore
+matchers run over the text, and again over the lines joined into one with a space and with
+nothing (a card, an email or an id wrapped onto the next line, cut anywhere), and with nothing
+where OCR read a space next to a dot, an `@` or a dash (`acme. internal`); every word a finding
+overlaps is marked. The subject matchers ignore
 separators, so an identifier OCR split into several words still matches; a fuzzy pass marks any
 word within a small edit distance of a declared identifier's letters and digits (OCR misreads one
 character more often than it drops a word); and runs of numeric words holding 12 digits or more
@@ -51,22 +53,41 @@ def ocr_can_read(header: SubjectHeader) -> bool:
     return True
 
 
-def lines_text(words: Sequence[Word]) -> tuple[str, list[tuple[int, int, int]]]:
-    """The words as text, one OCR line per text line, and each word's (start, end, index)."""
+# OCR often reads a space after one of these inside a value (`acme. internal`, `jane .roe`).
+_GLUE = frozenset(".@-_/:")
+
+
+def lines_text(
+    words: Sequence[Word], *, wrap: str = "\n", glue: bool = False
+) -> tuple[str, list[tuple[int, int, int]]]:
+    """The words as text, and each word's (start, end, index): the words of an OCR line apart by
+    a space (none next to a `_GLUE` character with `glue`), the lines by `wrap`."""
     pieces: list[str] = []
     spans: list[tuple[int, int, int]] = []
     position = 0
-    previous: tuple[int, ...] | None = None
+    previous: Word | None = None
     for index, word in enumerate(words):
         if previous is not None:
-            sep = " " if word.line == previous else "\n"
+            if word.line != previous.line:
+                sep = wrap
+            elif glue and (previous.text[-1:] in _GLUE or word.text[:1] in _GLUE):
+                sep = ""
+            else:
+                sep = " "
             pieces.append(sep)
-            position += 1
+            position += len(sep)
         pieces.append(word.text)
         spans.append((position, position + len(word.text), index))
         position += len(word.text)
-        previous = word.line
+        previous = word
     return "".join(pieces), spans
+
+
+# The readings of a set of words: the lines as they are; joined into one with a space or with
+# nothing (a card, an email or an id wrapped onto the next line of a screenshot is one value to a
+# reader, cut anywhere); and joined with nothing where OCR put a space next to a dot, an `@` or a
+# dash.
+_READINGS = (("\n", False), (" ", False), ("", False), ("", True))
 
 
 def _core(text: str) -> str:
@@ -256,12 +277,10 @@ def _find_in(
 ) -> tuple[set[int], list[Hit]]:
     if not words:
         return set(), []
-    text, spans = lines_text(words)
     marked: set[int] = set()
     hits: list[Hit] = []
-    # The lines as they are, and joined into one (same offsets): a card or an email wrapped onto
-    # the next line of a screenshot is one value to a reader.
-    for reading in dict.fromkeys((text, text.replace("\n", " "))):
+    readings = dict(lines_text(words, wrap=wrap, glue=glue) for wrap, glue in _READINGS)
+    for reading, spans in readings.items():
         for detect in detectors:
             try:
                 findings = detect(reading)

@@ -18,7 +18,7 @@ import pytest
 from ext_proc.cli import scan
 from ext_proc.detect.catalog import regexes
 from ext_proc.detect.catalog.engine import PRIORITY, PRIORITY_BASE, Catalog
-from ext_proc.detect.catalog.extensions import Extensions
+from ext_proc.detect.catalog.extensions import CustomKind, Extensions
 from ext_proc.exchange.masking import with_actions
 from ext_proc.media.find import Declared, Detector, Hit, Tally, find_values
 from ext_proc.media.image import MaskError, OcrTimeout
@@ -342,3 +342,26 @@ def test_scan_says_it_cannot_show_what_the_media_policy_does(
     else:
         assert err.startswith(f"scan: note: {path}: media: {media}: ") and note in err
         assert SAMPLES["EMAIL"] not in err
+
+
+HOSTS = Extensions(
+    custom_kinds=(CustomKind("HOST", r"[a-z]+\.corp\.acme\.internal"), CustomKind("EMP", r"EMP-\d{6}"))
+)
+
+
+@pytest.mark.parametrize(
+    ("lines", "painted"),
+    [
+        ((("Host", "web.corp.acme.", "internal"),), {1, 2}),  # OCR read a space after a dot
+        ((("Host", "web.corp", ".acme.internal"),), {1, 2}),
+        ((("Badge", "EMP-"), ("482913", "today")), {1, 2}),  # an id wrapped onto the next line
+        ((("Badge", "EMP-48"), ("2913", "today")), {1, 2}),  # cut inside its digits
+        ((("Write", "to", "jane.roe@corp."), ("example", "now")), {2, 3}),  # an email wrapped
+    ],
+)
+def test_a_value_split_by_ocr_or_by_a_line_wrap_is_painted(
+    lines: tuple[tuple[str, ...], ...], painted: set[int]
+) -> None:
+    read = [w for n, texts in enumerate(lines) for w in words(*texts, y=10 + 30 * n, line=(0, 0, 0, n, 0))]
+    catalog = Catalog.for_sets(("pii", "pci", "secrets"), extensions=HOSTS)
+    assert find_values(read, [catalog.detect], None)[0] == painted
