@@ -22,6 +22,7 @@ SETS: dict[str, tuple[str, ...]] = {
         "SLACK_TOKEN",
         "STRIPE_KEY",
         "GOOGLE_API_KEY",
+        "API_TOKEN",
         "SECRET_ASSIGNMENT",
         "HIGH_ENTROPY",
     ),

@@ -3,17 +3,36 @@
 Where it sits: a measuring tool beside the test suite, not part of the request path. It reads the
 peer corpus (`../shared/peer/*.jsonl` from the repository root: presidio, detect-secrets,
 gitleaks, Cordon and llm-guard test cases extracted as data), runs every text through
-`scan --jsonl` (the command of SPEC §14, in process through `ext_proc.cli.scan.run`, or as a
-subprocess of `python -m ext_proc scan --jsonl` with `--subprocess`), and compares.
+`scan --jsonl` (in process through `ext_proc.cli.scan.run`, or as a subprocess of
+`python -m ext_proc scan --jsonl` with `--subprocess`), and compares.
 
-* A peer's entity type, rule id or plugin name is mapped to our kinds by the explicit tables
-  below; a type the catalog does not cover is excluded and counted as out of scope.
+Per kind (the table per source file):
+
+* A peer's entity type, rule id or plugin name is mapped to our kinds by the explicit tables of
+  `tests.support.peer_tables`; a type the catalog does not cover is excluded and counted as out
+  of scope.
 * Recall: share of `should_match: true` cases whose expected substrings (or spans, or count) are
   covered by findings of the mapped kinds. False-flag rate: share of `should_match: false` cases
   with any finding of the mapped kinds.
 * A case is one row and one of our kinds (a multi-entity row yields one case per in-scope kind).
-* Rows we deliberately disagree with are listed in `DISAGREEMENTS` with the reason; they are
-  reported, and excluded from the adjusted figures that the test holds to its thresholds.
+
+Vendor secrets (one line under the table): every row of gitleaks.jsonl and detect_secrets.jsonl,
+whatever its rule id or plugin, mapped or not.
+
+* Recall: a `should_match: true` row is found when findings of any kind of the `secrets` set (or
+  of the row's mapped kinds: detect-secrets' IP rows are `pii`) cover its expected substrings, or
+  are as many as its expected count.
+* False flags, of the row's kind: a `should_match: false` row says that its text holds no
+  credential of the row's rule ("no GitLab token here"), not that it holds no secret at all: its
+  texts often carry another vendor's token, a signature or a value under a secret key on purpose.
+  So a row counts as flagged when it has a finding of its mapped kinds, or, for a rule without
+  one, of a specific credential kind (the `secrets` set without SECRET_ASSIGNMENT and
+  HIGH_ENTROPY, which make no claim about a vendor). The rate of rows with a finding of any
+  `secrets` kind is printed beside it, for information.
+* Core recall: the adjusted recall over the presidio, Cordon and llm-guard cases in scope.
+
+Rows we deliberately disagree with are listed in `DISAGREEMENTS` with the reason; they are
+reported, and excluded from the adjusted figures that the test holds to its thresholds.
 
     .venv/bin/python -m tests.support.conformance            # table per source file and overall
     .venv/bin/python -m tests.support.conformance --cases    # also every failing case (kinds, offsets)
@@ -34,8 +53,23 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ext_proc.detect.findings import CATALOG_KINDS, SETS
+from tests.support.peer_tables import (
+    _PII_PCI,
+    _SECRETS,
+    CORDON,
+    CORDON_DETECTION_ROWS,
+    DETECT_SECRETS,
+    DISAGREEMENTS,
+    GITLEAKS,
+    LLM_GUARD,
+    OUT_OF_SCOPE_NOTES,
+    PRESIDIO,
+    Disagreement,
+    Kinds,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CORPUS_DIR = Path(os.environ.get("CORDON_PEER_CORPUS", REPO_ROOT / ".." / "shared" / "peer"))
@@ -43,376 +77,19 @@ SOURCES = ("presidio", "detect_secrets", "gitleaks", "cordon", "llm_guard")
 
 RECALL_TARGET = 0.95
 FALSE_FLAG_TARGET = 0.05
+VENDOR_SOURCES = ("gitleaks", "detect_secrets")
+# Adjusted (DISAGREEMENTS excluded), and raw: the raw false flags are the deliberate ones, held
+# where they are so a new one is a decision, not a drift.
+VENDOR_RECALL_TARGET = 0.98
+VENDOR_RAW_RECALL_TARGET = 0.94
+VENDOR_FALSE_FLAG_TARGET = 0.01
+VENDOR_RAW_FALSE_FLAG_LIMIT = 0.14
+CORE_SOURCES = ("presidio", "cordon", "llm_guard")
+CORE_RECALL_TARGET = 0.98
+# The kinds that say "a credential of this vendor": every secrets kind but the generic two.
+SPECIFIC_SECRETS: Kinds = tuple(k for k in _SECRETS if k not in ("SECRET_ASSIGNMENT", "HIGH_ENTROPY"))
 
-Kinds = tuple[str, ...]
-_PII_PCI: Kinds = (*SETS["pii"], *SETS["pci"])
-_SECRETS: Kinds = SETS["secrets"]
-
-# --- mapping tables: peer type → our kinds --------------------------------------------------
-
-PRESIDIO: dict[str, Kinds] = {
-    "EMAIL": ("EMAIL",),
-    "PHONE": ("PHONE",),
-    "US_SSN": ("SSN",),
-    "IP_ADDRESS": ("IP",),
-    "CREDIT_CARD": ("CREDIT_CARD",),
-    "IBAN_CODE": ("IBAN",),
-}
-
-DETECT_SECRETS: dict[str, Kinds] = {
-    "AWS_ACCESS_KEY": ("AWS_ACCESS_KEY",),
-    "GENERIC_SECRET": ("SECRET_ASSIGNMENT",),  # KeywordDetector
-    "BASIC_AUTH_CREDENTIALS": ("SECRET_ASSIGNMENT",),  # scheme://user:password@host
-    "HIGH_ENTROPY_STRING": ("HIGH_ENTROPY",),  # Base64HighEntropyString, HexHighEntropyString
-    "IP_ADDRESS": ("IP",),  # IPPublicDetector
-    "JWT": ("JWT",),
-    "PRIVATE_KEY": ("PRIVATE_KEY",),
-    "SECRET:github_token": ("GITHUB_TOKEN",),
-    "SECRET:openai": ("OPENAI_KEY",),
-    "SECRET:slack": ("SLACK_TOKEN",),
-    "SECRET:stripe_key": ("STRIPE_KEY",),
-}
-
-GITLEAKS: dict[str, Kinds] = {
-    "aws-access-token": ("AWS_ACCESS_KEY",),
-    "anthropic-api-key": ("ANTHROPIC_KEY",),
-    "anthropic-admin-api-key": ("ANTHROPIC_KEY",),
-    "gcp-api-key": ("GOOGLE_API_KEY",),
-    "github-app-token": ("GITHUB_TOKEN",),
-    "github-fine-grained-pat": ("GITHUB_TOKEN",),
-    "github-oauth": ("GITHUB_TOKEN",),
-    "github-pat": ("GITHUB_TOKEN",),
-    "github-refresh-token": ("GITHUB_TOKEN",),
-    "jwt": ("JWT",),
-    "jwt-base64": ("JWT",),
-    "openai-api-key": ("OPENAI_KEY",),
-    "private-key": ("PRIVATE_KEY",),
-    "slack-app-token": ("SLACK_TOKEN",),
-    "slack-bot-token": ("SLACK_TOKEN",),
-    "slack-config-access-token": ("SLACK_TOKEN",),
-    "slack-config-refresh-token": ("SLACK_TOKEN",),
-    "slack-legacy-bot-token": ("SLACK_TOKEN",),
-    "slack-legacy-token": ("SLACK_TOKEN",),
-    "slack-legacy-workspace-token": ("SLACK_TOKEN",),
-    "slack-user-token": ("SLACK_TOKEN",),
-    "slack-webhook-url": ("SLACK_TOKEN",),
-    "stripe-access-token": ("STRIPE_KEY",),
-    "generic-api-key": ("SECRET_ASSIGNMENT",),
-    "curl-auth-header": ("SECRET_ASSIGNMENT",),  # -H "Authorization: …" is an assignment
-}
-
-CORDON: dict[str, Kinds] = {
-    "EMAIL": ("EMAIL",),
-    "PHONE": ("PHONE",),
-    "SSN": ("SSN",),
-    "IPV4": ("IP",),
-    "IPV6": ("IP",),
-    "CREDIT_CARD": ("CREDIT_CARD",),
-    "IBAN": ("IBAN",),
-    "ANTHROPIC_KEY": ("ANTHROPIC_KEY",),
-    "AWS_ACCESS_KEY": ("AWS_ACCESS_KEY",),
-    "STRIPE_KEY": ("STRIPE_KEY",),
-    "GITHUB_TOKEN": ("GITHUB_TOKEN",),
-    "GITHUB_FINEGRAINED_PAT": ("GITHUB_TOKEN",),
-    "SLACK_WEBHOOK": ("SLACK_TOKEN",),
-    "PRIVATE_KEY": ("PRIVATE_KEY",),
-    "JWT": ("JWT",),
-    "validator:luhn": ("CREDIT_CARD",),
-    "validator:ibanMod97": ("IBAN",),
-    "validator:ssnValid": ("SSN",),
-}
-# Cordon row kinds that test detection; vault, reidentify rows test other machinery.
-CORDON_DETECTION_ROWS = ("detect", "fuzz_seed", "validator", "redact", "proxy")
-
-LLM_GUARD: dict[str, Kinds] = {
-    "EMAIL_ADDRESS": ("EMAIL",),
-    "EMAIL_ADDRESS_RE": ("EMAIL",),
-    "PHONE_NUMBER": ("PHONE",),
-    "PHONE_NUMBER_ZH": ("PHONE",),
-    "IP_ADDRESS": ("IP",),
-    "CREDIT_CARD": ("CREDIT_CARD",),
-    "CREDIT_CARD_RE": ("CREDIT_CARD",),
-    "US_SSN": ("SSN",),
-    "US_SSN_RE": ("SSN",),
-    "SECRET": _SECRETS,  # the Secrets scanner: any credential kind redacts it
-}
-
-# Out of scope, and why (everything not mapped above is out of scope; these are the notable ones).
-OUT_OF_SCOPE_NOTES: dict[str, str] = {
-    "national ids, licence plates, tax and health numbers (presidio, 40+ types)": "not catalog kinds",
-    "URL, DATE, MAC, CRYPTO_WALLET, US_ROUTING, STREET_ADDRESS, MRN, PERSON, LOCATION": "not catalog kinds",
-    "vendor tokens without a provider kind (gitlab, npm, huggingface, sendgrid, twilio, …)": (
-        "not catalog kinds; SECRET_ASSIGNMENT and HIGH_ENTROPY often catch them anyway"
-    ),
-    "curl-auth-user (curl -u user:password)": "command-line basic auth is not a catalog kind",
-    "llm-guard Regex scanner rows": "user-defined patterns, not the catalog",
-    "Cordon vault/reidentify rows and redact/proxy rows with should_match false": (
-        "test placeholders, restore and policy switches (redactSystem, mode), not detection"
-    ),
-}
-
-# --- rows we deliberately disagree with ---------------------------------------------------------
-# (source, peer type, start of the text) → reason. Every entry must still disagree (the test
-# checks), so the list cannot go stale silently.
-
-_FAIL_CLOSED_VALUE = (
-    "example and placeholder-looking values (AKIAIOSFODNN7EXAMPLE, somefakekey) are "
-    "redacted: the catalog cannot tell an example from a real value"
-)
-_ALLOWLISTED_KEY = "gitleaks allowlists specific real-looking values; a key-shaped value is redacted here"
-_FORMAT_LENIENCY = "gitleaks checks a vendor checksum/length suffix; any sk-ant- token is redacted"
-_QUOTING = (
-    "detect-secrets decides by file extension (C/C++ quoting, YAML quoting); the catalog is "
-    "extension-blind and redacts the value"
-)
-_UNQUOTED_ENTROPY = (
-    "detect-secrets only scores quoted strings; a high-entropy token is redacted quoted or not"
-)
-_PRIVATE_IPS = (
-    "detect-secrets' IP plugin reports public addresses only; private and loopback addresses are "
-    "personal data in logs and prompts too"
-)
-_UNSPECIFIED_IP = "`::` identifies no host and is a C++/Rust/Haskell token; presidio scores it 0.05-0.15"
-_LOOPBACK_IP = (
-    "loopback and unspecified addresses (`::1`, `127.0.0.1`, `0.0.0.0`) are every machine's own and "
-    "identify no one; they fill code and logs, where flagging them refuses harmless model output"
-)
-_WEAK_SSN = (
-    "nine digits without separators (or with partial dashes) need an SSN word nearby; presidio "
-    "scores these 0.0-0.4"
-)
-
-
-@dataclass(frozen=True, slots=True)
-class Disagreement:
-    """Rows of `source` for `peer_type` whose text starts with `text_prefix` (and that expect the
-    `expects` substring, when given) are judged differently here, for `reason`."""
-
-    source: str
-    peer_type: str
-    should_match: bool
-    text_prefix: str
-    reason: str
-    expects: str | None = None
-
-    def covers(self, case: Case) -> bool:
-        return (
-            case.source == self.source
-            and case.peer_type == self.peer_type
-            and case.should_match == self.should_match
-            and case.text.startswith(self.text_prefix)
-            and (self.expects is None or self.expects in case.substrings)
-        )
-
-
-_GOOGLE_KEYS = (
-    'apiKey: "AIzaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"',
-    "AIzaSyabcdefghijklmnopqrstuvwxyz1234567",
-    "AIzaSyAnLA7NfeLquW1tJFpx_eQCxoX-oo6YyIs",
-    "AIzaSyCkEhVjf3pduRDt6d1yKOMitrUEke8agEM",
-    "AIzaSyDMAScliyLx7F0NPDEJi1QmyCgHIAODrlU",
-    "AIzaSyD3asb-2pEZVqMkmL6M9N6nHZRR_znhrh0",
-    "AIzayDNSXIbFmlXbIE6mCzDLQAqITYefhixbX4A",
-    "AIzaSyAdOS2zB6NCsk1pCdZ4-P6GBdi_UUPwX7c",
-    "AIzaSyASWm6HmTMdYWpgMnjRBjxcQ9CKctWmLd4",
-    "AIzaSyANUvH9H9BsUccjsu2pCmEkOPjjaXeDQgY",
-    "AIzaSyA5_iVawFQ8ABuTZNUdcwERLJv_a_p4wtM",
-    "AIzaSyA4UrcGxgwQFTfaI3no3t7Lt1sjmdnP5sQ",
-    "AIzaSyDSb51JiIcB6OJpwwMicseKRhhrOq1cS7g",
-    "AIzaSyBF2RrAIm4a0mO64EShQfqfd2AFnzAvvuU",
-    "AIzaSyBcE-OOIbhjyR83gm4r2MFCu4MJmprNXsw",
-    "AIzaSyB8qGxt4ec15vitgn44duC5ucxaOi4FmqE",
-    "AIzaSyA8vmApnrHNFE0bApF4hoZ11srVL_n0nvY",
-)
-_DS_QUOTING_FALSE = (
-    "api_key = 'm{{h}o)p${e]nob(ody[finds>-_$#thisone}}';",
-    "aws_secret_access_key = @'m{{h}",
-    "db_pass[] = 'm{{h}",
-    "passwd = m{{h}o)p${e]nob(ody[finds>-_$#thisone}};",
-    "private_key = m{{h}o)p${e]nob(ody[finds>-_$#thisone}};",
-    "secret[] = m{{h}",
-    "password => m{{h}",
-)
-_OBSERVED = "Cordon fuzz seed (observed output, not an assertion): "
-
-DISAGREEMENTS: tuple[Disagreement, ...] = (
-    # presidio
-    Disagreement("presidio", "US_SSN", True, "078-051121 07805-1121", _WEAK_SSN),
-    Disagreement("presidio", "US_SSN", True, "078051121", _WEAK_SSN),
-    *(
-        Disagreement("presidio", "IP_ADDRESS", True, text, _UNSPECIFIED_IP)
-        for text in ("Use local ipv6 ::", "src=:: dst=::1", "Unspecified ::", "::/0", "::/128")
-    ),
-    *(
-        Disagreement("presidio", "IP_ADDRESS", True, text, _LOOPBACK_IP)
-        for text in ("my ip: ::1", "connecting from ::1", "Default 0.0.0.0", "Loopback ::1")
-    ),
-    Disagreement(
-        "presidio",
-        "IP_ADDRESS",
-        True,
-        "192.168.1.1.1",
-        "a fifth dotted group makes a version or OID, not an address (detect-secrets agrees)",
-    ),
-    Disagreement(
-        "presidio",
-        "PHONE",
-        True,
-        "My US number is (415) 555-0132, and my international one is415",
-        "leniency 0 (POSSIBLE): a number glued to a word is not read as a phone",
-        expects="415-555-0132",
-    ),
-    Disagreement(
-        "presidio",
-        "PHONE",
-        True,
-        "My US number is (415) 555-0132, and my international one is 91-",
-        "an international number written without its + is read only as a national number",
-        expects="91-415-555-0132",
-    ),
-    Disagreement(
-        "presidio",
-        "PHONE",
-        True,
-        "My CN number is 13812345678",
-        "a bare digit run needs a phone word (phone, tel, mobile, call, …) before it; 'number' "
-        "alone also precedes order and account numbers",
-    ),
-    # detect-secrets
-    *(
-        Disagreement("detect_secrets", "IP_ADDRESS", False, ip, _PRIVATE_IPS)
-        for ip in ("10.0.0.1", "172.16.0.1", "192.168.0.1", "169.254.169.254")
-    ),
-    *(
-        Disagreement("detect_secrets", "HIGH_ENTROPY_STRING", False, token, _UNQUOTED_ENTROPY)
-        for token in (
-            "2b00042f7481c7b056c4b410d28f33cf",
-            "c3VwZXIgbG9uZyBzdHJpbmcgc2hvdWxkIGNhdXNlIGVub3VnaCBlbnRyb3B5",
-            "I6FwzQZFL9l-44nviI1F04OTmorMaVQf9GS4Oe07qxL",
-        )
-    ),
-    Disagreement(
-        "detect_secrets",
-        "JWT",
-        False,
-        "eyJhbasdGciOiJIUaddasd",
-        "JWT is matched by shape: a damaged header is still a bearer credential when pasted",
-    ),
-    Disagreement(
-        "detect_secrets",
-        "JWT",
-        False,
-        "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ.eyJ",
-        "JWT is matched by shape: a truncated header is still a bearer credential when pasted",
-    ),
-    Disagreement(
-        "detect_secrets",
-        "SECRET:openai",
-        False,
-        "sk-proj-Xi8tdMjHV6pmbBbwilTeT4Blbk",
-        "any sk- token of 20+ characters with a digit or capital is redacted (OpenAI-compatible "
-        "providers use the prefix too); the T3BlbkFJ marker is not required",
-    ),
-    Disagreement(
-        "detect_secrets",
-        "SECRET:stripe_key",
-        False,
-        "pk_live_",
-        "publishable keys are redacted too: they identify the account (SPEC lists pk_live_)",
-    ),
-    *(
-        Disagreement("detect_secrets", "GENERIC_SECRET", False, text, _FAIL_CLOSED_VALUE)
-        for text in (
-            'password = "somefakekey"',
-            'password := "somefakekey"',
-        )
-    ),
-    *(Disagreement("detect_secrets", "GENERIC_SECRET", False, text, _QUOTING) for text in _DS_QUOTING_FALSE),
-    Disagreement(
-        "detect_secrets",
-        "GENERIC_SECRET",
-        False,
-        "password = m{{h}o)p${e]nob(ody[finds>-_$#thisone}}",
-        _QUOTING,
-    ),
-    # gitleaks
-    Disagreement(
-        "gitleaks", "aws-access-token", False, "aws_access_key: AKIAIOSFODNN7EXAMPLE", _FAIL_CLOSED_VALUE
-    ),
-    *(
-        Disagreement("gitleaks", f"anthropic-{rule}", False, f"sk-ant-{prefix}{tail}", _FORMAT_LENIENCY)
-        for rule, prefix in (("api-key", "api03-"), ("admin-api-key", "admin01-"))
-        for tail in (
-            "abc123xyz-456de-",
-            "abc123xyz-456def789ghij-klmnopqrstuvwx-3456yza789bcde-1234fghijklmnopby56aaaogaopaaaabc123xyzBB",
-        )
-    ),
-    Disagreement(
-        "gitleaks",
-        "anthropic-api-key",
-        False,
-        "sk-ant-admin01-abc123xyz-456def789ghij-klmnopqrstuvwx-3456yza789bcde-1234fghijklmnopby56aaaogaopaaaabc123xyzAA",
-        "gitleaks tells api keys from admin keys; both are ANTHROPIC_KEY here",
-    ),
-    Disagreement(
-        "gitleaks",
-        "anthropic-admin-api-key",
-        False,
-        "sk-ant-api03-abc123xyz-456def789ghij-klmnopqrstuvwx-3456yza789bcde-1234fghijklmnopby56aaaogaopaaaabc123xyzAA",
-        "gitleaks tells api keys from admin keys; both are ANTHROPIC_KEY here",
-    ),
-    Disagreement(
-        "gitleaks",
-        "private-key",
-        False,
-        "-----BEGIN PRIVATE KEY-----\nanything",
-        "the PEM header alone is redacted whatever follows (SPEC: header line only; detect-secrets agrees)",
-    ),
-    *(Disagreement("gitleaks", "gcp-api-key", False, key, _ALLOWLISTED_KEY) for key in _GOOGLE_KEYS),
-    Disagreement(
-        "gitleaks", "generic-api-key", False, ',apiKey:"6fe4476ee5a1832882e326b506d14126",', _ALLOWLISTED_KEY
-    ),
-    Disagreement(
-        "gitleaks",
-        "curl-auth-header",
-        False,
-        'curl -X POST -H "Content-Type: application/json" -H "Authorization: Basic eyJ',
-        "a credential in an Authorization header is redacted whatever its scheme",
-    ),
-    # Cordon
-    *(
-        Disagreement(
-            "cordon",
-            f"fuzz/seeds/{path}/overlap_bait:PHONE",
-            True,
-            "4012888888881881 415",
-            _OBSERVED + "two of the three numbers are Luhn-valid cards, one is a phone",
-        )
-        for path in ("detect_spans", "redact_leak", "reidentify_stream")
-    ),
-    *(
-        Disagreement(
-            "cordon",
-            f"fuzz/seeds/{path}/self_overlap:PHONE",
-            True,
-            "1111111111",
-            _OBSERVED + "forty repeated digits are no phone number",
-        )
-        for path in ("detect_spans", "redact_leak", "reidentify_stream")
-    ),
-    # llm-guard
-    *(
-        Disagreement(
-            "llm_guard",
-            "CREDIT_CARD",
-            True,
-            prefix,
-            "4567-8901-2345-6789 fails the Luhn check; only a valid check digit counts (SPEC §4)",
-        )
-        for prefix in ("Make an SQL insert statement", "创建一个 SQL insert")
-    ),
-)
-
+__all__ = ["DISAGREEMENTS", "OUT_OF_SCOPE_NOTES", "Disagreement"]
 
 # --- cases ----------------------------------------------------------------------------------------
 
@@ -431,15 +108,17 @@ class Case:
     disagreement: str | None = None
     passed: bool | None = None
     detail: str = ""
+    any_secret: bool = False  # a finding of any secrets kind (vendor false flags, for information)
 
 
 @dataclass(slots=True)
 class Corpus:
     cases: list[Case] = field(default_factory=list)
     out_of_scope: Counter[str] = field(default_factory=Counter)  # source → rows
+    vendor: list[Case] = field(default_factory=list)  # every gitleaks and detect-secrets row
 
 
-def _expectation(row: dict) -> tuple[tuple[str, ...], tuple[tuple[int, int], ...], int]:
+def _expectation(row: dict[str, Any]) -> tuple[tuple[str, ...], tuple[tuple[int, int], ...], int]:
     expected = row.get("expected")
     spans = tuple(tuple(s) for s in row.get("expected_spans") or ())
     if isinstance(expected, list):
@@ -546,9 +225,9 @@ def _llm_guard_rows(corpus: Corpus) -> None:
             continue
         by_kinds: dict[Kinds, list[str]] = {}
         for substring, label in pairs:
-            kinds = LLM_GUARD.get(label or entity)
-            if kinds is not None:
-                by_kinds.setdefault(kinds, []).append(substring)
+            label_kinds = LLM_GUARD.get(label or entity)
+            if label_kinds is not None:
+                by_kinds.setdefault(label_kinds, []).append(substring)
         if not by_kinds:
             corpus.out_of_scope["llm_guard"] += 1
             continue
@@ -559,7 +238,27 @@ def _llm_guard_rows(corpus: Corpus) -> None:
             )
 
 
-def _rows(source: str) -> Iterable[tuple[int, dict]]:
+def _vendor_rows(corpus: Corpus) -> None:
+    """Every gitleaks and detect-secrets row as one vendor case (module docstring: the kinds)."""
+    for source, table, type_key in (
+        ("gitleaks", GITLEAKS, "rule_id"),
+        ("detect_secrets", DETECT_SECRETS, ""),
+    ):
+        for number, row in _rows(source):
+            peer_type = (row.get(type_key) if type_key else None) or row.get("entity_type") or ""
+            mapped: Kinds = table.get(peer_type) or ()
+            should_match = bool(row["should_match"])
+            if should_match:
+                kinds: Kinds = tuple(dict.fromkeys((*_SECRETS, *mapped)))
+            else:
+                kinds = mapped or SPECIFIC_SECRETS
+            subs, spans, count = _expectation(row)
+            corpus.vendor.append(
+                Case(source, number, peer_type, kinds, should_match, row["text"], subs, spans, count)
+            )
+
+
+def _rows(source: str) -> Iterable[tuple[int, dict[str, Any]]]:
     with open(CORPUS_DIR / f"{source}.jsonl", encoding="utf-8") as fh:
         for number, line in enumerate(fh, start=1):
             if line.strip():
@@ -573,7 +272,8 @@ def load_corpus() -> Corpus:
     _typed_rows("gitleaks", GITLEAKS, "rule_id", corpus)
     _cordon_rows(corpus)
     _llm_guard_rows(corpus)
-    for case in corpus.cases:
+    _vendor_rows(corpus)
+    for case in (*corpus.cases, *corpus.vendor):
         for entry in DISAGREEMENTS:
             if entry.covers(case):
                 case.disagreement = entry.reason
@@ -587,7 +287,7 @@ def corpus_available() -> bool:
 # --- running scan ---------------------------------------------------------------------------------
 
 
-def scan_jsonl(texts: Sequence[str], *, subprocess_mode: bool = False) -> list[list[dict]]:
+def scan_jsonl(texts: Sequence[str], *, subprocess_mode: bool = False) -> list[list[dict[str, Any]]]:
     """Findings for each text, through the `scan --jsonl` command."""
     payload = "".join(json.dumps({"text": t}) + "\n" for t in texts)
     if subprocess_mode:
@@ -627,7 +327,7 @@ def _occurrences(text: str, sub: str) -> list[tuple[int, int]]:
     return out
 
 
-def judge(case: Case, findings: list[dict]) -> None:
+def judge(case: Case, findings: list[dict[str, Any]]) -> None:
     mine = sorted({(f["start"], f["end"]) for f in findings if f["kind"] in case.kinds})
 
     def covered(span: tuple[int, int]) -> bool:
@@ -659,9 +359,12 @@ def judge(case: Case, findings: list[dict]) -> None:
 
 
 def evaluate(corpus: Corpus, *, subprocess_mode: bool = False) -> Corpus:
-    results = scan_jsonl([c.text for c in corpus.cases], subprocess_mode=subprocess_mode)
-    for case, findings in zip(corpus.cases, results, strict=True):
+    cases = [*corpus.cases, *corpus.vendor]
+    results = scan_jsonl([c.text for c in cases], subprocess_mode=subprocess_mode)
+    secrets = frozenset(_SECRETS)
+    for case, findings in zip(cases, results, strict=True):
         judge(case, findings)
+        case.any_secret = any(f["kind"] in secrets or f["kind"] in case.kinds for f in findings)
     return corpus
 
 
@@ -714,19 +417,63 @@ def report(corpus: Corpus, *, show_cases: bool = False) -> str:
             f"{adj.false_flag_rate:6.1%} ({adj.flagged:3d}/{adj.negatives:4d})      "
             f"{raw.recall:12.1%} {raw.false_flag_rate:9.1%}"
         )
-    stale = [c for c in corpus.cases if c.disagreement and c.passed]
+    lines.append("")
+    lines.extend(vendor_lines(corpus))
+    stale = stale_disagreements(corpus)
     if stale:
-        lines.append(f"stale disagreements (now agree): {[(c.source, c.row) for c in stale]}")
+        lines.append(f"stale disagreements (now agree): {stale}")
     if show_cases:
         lines.append("")
-        for c in corpus.cases:
-            if not c.passed:
-                mark = "disagree" if c.disagreement else "FAIL"
-                lines.append(
-                    f"{mark:8s} {c.source}:{c.row} {c.peer_type} kinds={','.join(c.kinds)} "
-                    f"should_match={c.should_match} {c.detail}"
-                )
+        for label, cases in (("", corpus.cases), ("vendor ", corpus.vendor)):
+            for c in cases:
+                if not c.passed:
+                    mark = label + ("disagree" if c.disagreement else "FAIL")
+                    lines.append(
+                        f"{mark:15s} {c.source}:{c.row} {c.peer_type} "
+                        f"kinds={','.join(c.kinds) if len(c.kinds) < 4 else f'{len(c.kinds)} kinds'} "
+                        f"should_match={c.should_match} {c.detail}"
+                    )
     return "\n".join(lines)
+
+
+def core_cases(corpus: Corpus) -> list[Case]:
+    return [c for c in corpus.cases if c.source in CORE_SOURCES]
+
+
+def vendor_any_secret_rate(corpus: Corpus) -> float:
+    """Share of the vendor `should_match: false` rows with a finding of any secrets kind."""
+    negatives = [c for c in corpus.vendor if not c.should_match]
+    return sum(c.any_secret for c in negatives) / len(negatives) if negatives else 0.0
+
+
+def vendor_lines(corpus: Corpus) -> list[str]:
+    raw, adj = figures(corpus.vendor, adjusted=False), figures(corpus.vendor, adjusted=True)
+    core_raw, core_adj = (
+        figures(core_cases(corpus), adjusted=False),
+        figures(core_cases(corpus), adjusted=True),
+    )
+    return [
+        f"vendor secrets ({' + '.join(VENDOR_SOURCES)}, every row; {len(corpus.vendor)} rows, "
+        f"{sum(1 for c in corpus.vendor if c.disagreement)} disagree):",
+        f"  recall                        {adj.recall:6.1%} adj ({adj.recalled}/{adj.positives})   "
+        f"{raw.recall:6.1%} raw ({raw.recalled}/{raw.positives})",
+        f"  false flags (row's kind)      {adj.false_flag_rate:6.1%} adj ({adj.flagged}/{adj.negatives})   "
+        f"{raw.false_flag_rate:6.1%} raw ({raw.flagged}/{raw.negatives})",
+        f"  false flags (any secret kind) {vendor_any_secret_rate(corpus):6.1%} raw (for information)",
+        f"core recall ({', '.join(CORE_SOURCES)})  {core_adj.recall:6.1%} adj ({core_adj.recalled}/"
+        f"{core_adj.positives})   {core_raw.recall:6.1%} raw ({core_raw.recalled}/{core_raw.positives})",
+    ]
+
+
+def stale_disagreements(corpus: Corpus) -> list[tuple[int, str, str]]:
+    """Entries of `DISAGREEMENTS` (index, source, peer type) whose rows all agree now, in the
+    per-kind and the vendor cases."""
+    stale: list[tuple[int, str, str]] = []
+    for index, entry in enumerate(DISAGREEMENTS):
+        covered = [c for c in (*corpus.cases, *corpus.vendor) if entry.covers(c)]
+        if covered and all(c.passed for c in covered):
+            stale.append((index, entry.source, entry.peer_type))
+    return stale
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -744,7 +491,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     corpus = evaluate(load_corpus(), subprocess_mode=args.subprocess)
     print(report(corpus, show_cases=args.cases))
     overall = figures(corpus.cases, adjusted=True)
-    ok = overall.recall >= RECALL_TARGET and overall.false_flag_rate <= FALSE_FLAG_TARGET
+    vendor, vendor_raw = figures(corpus.vendor, adjusted=True), figures(corpus.vendor, adjusted=False)
+    core = figures(core_cases(corpus), adjusted=True)
+    ok = (
+        overall.recall >= RECALL_TARGET
+        and overall.false_flag_rate <= FALSE_FLAG_TARGET
+        and vendor.recall >= VENDOR_RECALL_TARGET
+        and vendor_raw.recall >= VENDOR_RAW_RECALL_TARGET
+        and vendor.false_flag_rate <= VENDOR_FALSE_FLAG_TARGET
+        and vendor_raw.false_flag_rate <= VENDOR_RAW_FALSE_FLAG_LIMIT
+        and core.recall >= CORE_RECALL_TARGET
+    )
     return 0 if ok else 1
 
 

@@ -47,8 +47,8 @@ SLACK_HOOK = "https://hooks." + "slack.com/services/T00000000/B00000000/" + "XXX
 STRIPE_LIVE = "sk" + "_live_" + "4eC39HqLyjWDarjtT1zdp7dc"
 STRIPE_PUBLISHABLE = "pk" + "_live_" + "TYooMQauvdEDq54NiTphI7jx"
 GOOGLE_KEY = "AI" + "za" + "SyD-9tSrke72PouQMnMX-a7eZSW0jkFMBWY"
-AWS_ID = "AKIA" + "IOSFODNN7EXAMPLE"  # AWS documentation key id: redacted (fail closed)
-AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/" + "bPxRfiCYEXAMPLEKEY"  # AWS documentation secret key
+AWS_ID = "AKIA" + "Z7Q3MHX4RT2VKP6N"  # invented (AWS's documentation pair: test_vendors.py)
+AWS_SECRET = "k9Qz/Vt3Lw8Rn+Xb2Hc7" + "Mp4Jd6Fs1Ga5Ye0Ui8To"  # invented, 40 characters
 JWT = (
     "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9"
     ".eyJzdWIiOiIxMjM0NTY3ODkwIiwibmFtZSI6IkpvaG4gRG9lIiwiaWF0IjoxNTE2MjM5MDIyfQ"

@@ -5,7 +5,8 @@ SECRET_ASSIGNMENT detectors. `secret_key_strength` decides whether a key names a
 (`db_password`, `apiKey`) rather than a property of one (`secret_name`, `max_tokens`);
 `validate_secret_assignment` and `validate_secret_comparison` then keep the value only when it is
 a literal, not code (a variable, an expression, a type annotation), a placeholder or a sentence.
-`validate_url_credentials` keeps the password of `scheme://user:password@host`. The finding is
+`validate_url_credentials` keeps the password of `scheme://user:password@host`, and
+`validate_curl_credentials` the password of a curl command's `-u user:password`. The finding is
 always the value alone.
 """
 
@@ -25,11 +26,12 @@ from ext_proc.detect.catalog.regexes import (
     timed_all,
     timed_fullmatch,
     timed_match,
+    timed_search,
 )
 
 _SECRET_WORDS = frozenset(
     {
-        "password", "passwd", "passphrase", "pass", "pwd", "secret", "token",
+        "password", "passwd", "passphrase", "pass", "pwd", "pw", "secret", "token",
         "apikey", "auth", "authorization", "credential", "credentials", "contrasena",
         "contraseña", "privatekey", "secretkey", "accesskey",
     }
@@ -54,8 +56,23 @@ _KEY_QUALIFIERS = frozenset(
         "licence", "subscription", "app", "consumer", "admin", "session", "shared", "webhook",
         "hmac", "jwt", "ssh", "openai", "anthropic", "stripe", "aws", "gcp", "azure", "google",
         "github", "gitlab", "slack", "twilio", "sendgrid", "mailgun", "x",
+        # services whose name before `key` makes it theirs (`HEROKU_KEY`, `hubspotKey`)
+        "algolia", "atlassian", "bitbucket", "circleci", "clickhouse", "cloudant", "cloudflare",
+        "cohere", "databricks", "datadog", "digitalocean", "discord", "doppler", "dropbox",
+        "facebook", "figma", "firebase", "grafana", "groq", "heroku", "hubspot",
+        "huggingface", "iam", "ibm", "jira", "mailchimp", "mapbox", "mistral",
+        "netlify", "newrelic", "notion", "npm", "okta", "pagerduty", "perplexity", "pinecone",
+        "postman", "pypi", "replicate", "sentry", "shopify", "snyk", "softlayer", "sonar",
+        "sumo", "sumologic", "supabase", "telegram", "terraform", "vercel",
     }
 )  # fmt: skip
+# A vendor's name for a credential that holds no secret word: SonarQube's `sonar.login` (a token),
+# Sumo Logic's access id and key. The key's first segment, then the rest of it joined.
+_VENDOR_CREDENTIALS: dict[str, frozenset[str]] = {
+    "sonar": frozenset({"login", "token"}),
+    "sumo": frozenset({"accessid", "accesskey"}),
+    "sumologic": frozenset({"accessid", "accesskey"}),
+}
 # A word after the secret noun that makes the key a property of the secret, not the secret.
 _SUFFIX_NEGATIVE = frozenset(
     {
@@ -99,8 +116,10 @@ _PASS_QUALIFIERS = frozenset(
         "rabbit", "proxy", "wifi", "vpn", "login", "my",
     }
 )  # fmt: skip
+# `pw` names a password only as the last part of a snake-case key.
+_PW_ENDINGS = ("_pw", "-pw", ".pw", "_PW", "-PW", ".PW")
 # Secret words too common in prose and code to stand behind a space or in a comparison alone.
-_WEAK_WORDS = frozenset({"pass", "pwd", "auth", "authorization"})
+_WEAK_WORDS = frozenset({"pass", "pwd", "pw", "auth", "authorization"})
 
 WEAK, STRONG = 1, 2
 
@@ -114,6 +133,8 @@ def secret_key_strength(key: str) -> int:
     thing (`public_key`, `max_tokens`).
     """
     segments = [m.group().lower() for m in timed_all(_SEGMENTS, key)]
+    if len(segments) > 1 and "".join(segments[1:]) in _VENDOR_CREDENTIALS.get(segments[0], ()):
+        return STRONG
     hits: list[int] = []
     strength = 0
     for i, seg in enumerate(segments):
@@ -123,6 +144,8 @@ def secret_key_strength(key: str) -> int:
             len(segments) == 1 or key.isupper() or (i > 0 and segments[i - 1] in _PASS_QUALIFIERS)
         ):
             continue
+        if seg == "pw" and not (i > 0 and i == len(segments) - 1 and key.endswith(_PW_ENDINGS)):
+            continue  # `db_pw`, `CLOUDANT_PW`; not the `Pw` ending a word of a value
         if seg in ("key", "keys"):
             if not any(q in _KEY_QUALIFIERS for q in segments[max(0, i - 2) : i]):
                 continue
@@ -315,12 +338,27 @@ def validate_secret_assignment(text: str, m: regex.Match[str], span: Span, _o: O
     return ((start, end),)
 
 
+_TOKEN_VALUE = compile_pattern(r"[A-Za-z0-9+/=_\-.~]{20,256}")
+
+
+def _token_like(value: str) -> bool:
+    """A long run of token characters with letters and digits, no name (`apikey:Zq8v…`): a value
+    after a colon whatever the spacing around it (`io.jsonwebtoken:jjwt` and `:ref:` are short)."""
+    return (
+        timed_fullmatch(_TOKEN_VALUE, value) is not None
+        and any(ch.isdigit() for ch in value)
+        and any(ch.isalpha() for ch in value)
+        and timed_fullmatch(_CONSTANT, value) is None
+        and "//" not in value
+    )
+
+
 def _bare_value(text: str, m: regex.Match[str], op: str, start: int, end: int) -> Span | None:
     """The span of an unquoted value, or None when the "value" is code, markup or prose."""
     if op in _COMPARISONS:
         return None  # comparing with a variable: code, not a value
     key_end = m.end("key")
-    if op == ":":
+    if op == ":" and not _token_like(text[start:end]):
         if m.end("op") == start and not m.group("key")[0].isupper():
             return None  # `passwd:uid`, `io.jsonwebtoken:jjwt`: a pair, not YAML (`key: value`)
         if text[key_end : m.start("op")].strip(" \t") == "" and text[key_end] in " \t":
@@ -384,6 +422,69 @@ def validate_secret_comparison(text: str, m: regex.Match[str], span: Span, _o: O
     if not (_value_ok(text[start:end], quoted=True) and _strong_value(text[start:end])):
         return ()
     return ((start, end),)
+
+
+# A curl command's `-u user:password` / `--user=user:password`, in its line and the lines its
+# trailing backslashes join to it.
+_CURL_USER = compile_pattern(r"(?<!\S)(?:--user(?:=|[ \t]+)|-u[ \t]*)(?=\S)")
+_CURL_LINE = compile_pattern(r"(?:\\\r?\n|[^\n])*+")
+CURL_COMMAND_CHARS = 4096  # read after `curl`, at most
+_QUOTES = "'\""
+
+
+def _shell_word(text: str, start: int, end: int) -> list[tuple[str, int]]:
+    """The characters of the shell word at `start` (quotes removed), each with its offset."""
+    out: list[tuple[str, int]] = []
+    i = start
+    while i < end and not text[i].isspace():
+        ch = text[i]
+        if ch in _QUOTES:
+            close = text.find(ch, i + 1, end)
+            if close < 0:
+                break
+            out.extend((text[j], j) for j in range(i + 1, close))
+            i = close + 1
+        elif ch == "\\" and i + 1 < end and not text[i + 1].isspace():
+            out.append((text[i + 1], i + 1))
+            i += 2
+        else:
+            out.append((ch, i))
+            i += 1
+    return out
+
+
+def _curl_secret(chars: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """The secret of `user:password`: the password, or the user when the password is empty (an
+    API key sent as the user name, `-u "key:"`); nothing without a colon (curl asks for it)."""
+    word = "".join(ch for ch, _ in chars)
+    colon = word.find(":")
+    if colon < 0 or word.startswith(("<", "[")):
+        return []
+    secret = chars[colon + 1 :] or chars[:colon]
+    value = "".join(ch for ch, _ in secret)
+    if len(value) > 2 and value[0] == "{" and value[-1] == "}" and value[1] != "{":
+        secret = secret[1:-1]  # `{…}` around a value in documentation: the value inside
+        value = value[1:-1]
+    if not value or value.startswith(("$", "<", "[", "{")) or "${" in value or "$(" in value:
+        return []
+    if is_mask(value) or len(set(value)) == 1 or not _strong_value(value):
+        return []
+    return secret
+
+
+def validate_curl_credentials(text: str, m: regex.Match[str], span: Span, _o: Options) -> Iterable[Span]:
+    """`curl … -u user:password …`: the password of every `-u` / `--user` of the command (read up
+    to the next `curl`, so a text full of them is still read once)."""
+    limit = min(len(text), span[1] + CURL_COMMAND_CHARS)
+    following = timed_search(m.re, text, span[1], limit)
+    if following is not None:
+        limit = following.start()
+    line = timed_match(_CURL_LINE, text, span[1], limit)
+    end = line.end() if line is not None else span[1]
+    for option in timed_all(_CURL_USER, text, span[1], end):
+        secret = _curl_secret(_shell_word(text, option.end(), end))
+        if secret:
+            yield (secret[0][1], secret[-1][1] + 1)
 
 
 def validate_url_credentials(text: str, m: regex.Match[str], span: Span, _o: Options) -> Iterable[Span]:

@@ -3,70 +3,49 @@
 A detector names its kind, its compiled pattern, the capture group that is the value, the
 validator (in `VALIDATORS`) a match must pass, and its fast path: the conditions without which
 it cannot match, which let `Catalog.detect` skip it or scan only the windows its anchor (in
-`ANCHORS`) returns. Adding a pattern to the catalog is adding an entry to `DETECTORS`.
+`ANCHORS`) returns. Adding a pattern to the catalog is adding an entry to `DETECTORS` (a vendor
+token's, to `vendors.VENDOR_DETECTORS`). `DOCUMENTED_EXAMPLES` are published example
+credentials the engine drops from the findings of the secrets kinds.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import regex
-
 from ext_proc.detect.catalog.anchors import SECRET_KEYWORDS
 from ext_proc.detect.catalog.entropy import HIGH_ENTROPY_MIN_LENGTH
+from ext_proc.detect.catalog.model import MIN_FINDING_LENGTH, Detector, Requirement
 from ext_proc.detect.catalog.regexes import DIGITS, compile_pattern
+from ext_proc.detect.catalog.vendors import VENDOR_DETECTORS
 
-# Nothing in the catalog is shorter than this ("::1").
-MIN_FINDING_LENGTH = 3
-
-
-@dataclass(frozen=True, slots=True)
-class Requirement:
-    """Every match contains at least `at_least` characters from `chars` (counted in the text)."""
-
-    chars: str
-    at_least: int
-
-
-@dataclass(frozen=True, slots=True)
-class Detector:
-    """One pattern of the catalog.
-
-    The fast path is data too, and each part is a necessary condition of a match, so skipping
-    on it never loses one: `min_length` (no shorter text can hold a match), `triggers`
-    (literals of which every match contains one), `requires` (character counts every match
-    needs, e.g. 13 digits for a card), `context` (lower-case words one of which every match
-    needs nearby), and `anchor`, an entry of `ANCHORS` that returns the windows of a long text
-    that can hold a match (`anchored`: each window starts exactly where a match would).
-    """
-
-    name: str
-    kind: str
-    pattern: regex.Pattern[str]
-    group: int | str = 0
-    validator: str | None = None
-    triggers: tuple[str, ...] = ()
-    requires: tuple[Requirement, ...] = ()
-    context: tuple[bytes, ...] = ()
-    min_length: int = MIN_FINDING_LENGTH
-    anchor: str | None = None
-    anchored: bool = False
-
+__all__ = ["DETECTORS", "DOCUMENTED_EXAMPLES", "MIN_FINDING_LENGTH", "Detector", "Requirement"]
 
 AWS_KEY_ID_PREFIXES = (
     "AKIA", "ASIA", "ABIA", "ACCA", "AGPA", "AIDA", "AROA", "AIPA", "ANPA", "ANVA", "APKA", "A3T",
 )  # fmt: skip
+
+# Published example credentials, not anyone's secret: written in documentation, tutorials and the
+# answers a model gives about them, and never valid. A finding of a secrets kind that is exactly
+# one of these is dropped. Source: AWS's documentation (the access key pairs of its IAM and CLI
+# configuration examples).
+DOCUMENTED_EXAMPLES: frozenset[str] = frozenset(
+    {
+        "AKIAIOSFODNN7EXAMPLE",
+        "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+        "AKIAI44QH8DHBEXAMPLE",
+        "je7MtGbClwBF/2Zp9Utk/h3yCo8nvbEXAMPLEKEY",
+    }
+)
 
 _KEY = r"(?P<key>-{0,2}[A-Za-z_][A-Za-z0-9_.\-]{0,63})"
 # Every repetition is bounded, so a match is at most `anchors.KEY_WINDOW` characters long and the
 # windows of the `keyword_identifiers` anchor can hold any of them.
 _ASSIGNMENT = compile_pattern(
     r"(?<![A-Za-z0-9_.])" + _KEY + r"(?:\[[^\]\n]{0,16}\])?(?:\\?[\"'`])?[ \t]{0,64}"
-    r"(?:(?P<op>:=|=>|===?|!==?|=|:|[ \t]is:?(?=[ \t]))[ \t]{0,64}@?"
+    r"(?:(?P<op>:::?=|\?=|:=|=>|===?|!==?|=|:|[ \t]is:?(?=[ \t]))[ \t]{0,64}@?"
     # "api_token", "value": a key and its value as arguments (getenv("api_token", "…"))
     r"|(?<=[\"'`][ \t]{0,64})(?P<comma>,)[ \t]{0,64}(?=\\?[\"'`])"
     r"|(?P<call>\()[ \t]{0,64}(?=\\?[\"'`])"  # secret("value")
-    r"|(?<=[A-Za-z0-9_][ \t]{1,64})(?=\\?[\"'`]))"  # password "value"
+    r"|(?<=[A-Za-z0-9_][ \t]{1,64})(?=\\?[\"'`])"  # password "value"
+    r"|(?<=(?<!\S)--[A-Za-z][A-Za-z0-9_.\-]{0,62}[ \t]{1,64})(?=[^\s\"'`\-]))"  # --api-key value
     r"(?P<scheme>(?i:bearer|basic|token|digest|api-?token|api-?key|bot|oauth|jwt|ssws)[ \t]{1,8})?"
     r"(?:\\\"(?P<esc>(?:[^\"\\\n]|\\[^\"\n]){1,1024})\\\""
     r"|\"(?P<dq>(?:[^\"\\\n]|\\.){1,1024})\""
@@ -91,6 +70,7 @@ DETECTORS: tuple[Detector, ...] = (
             r"(?<![A-Za-z0-9_\-])eyJ[A-Za-z0-9_\-]{7,}+\.ey[A-Za-z0-9_\-]{8,}+(?:\.[A-Za-z0-9_\-]*+)?"
         ),
         triggers=("eyJ",),
+        token=True,
     ),
     Detector(
         "anthropic_key",
@@ -98,6 +78,7 @@ DETECTORS: tuple[Detector, ...] = (
         compile_pattern(r"(?<![A-Za-z0-9_\-])sk-ant-(?P<body>[A-Za-z0-9_\-]{20,}+)"),
         validator="token_body",
         triggers=("sk-ant-",),
+        token=True,
     ),
     Detector(
         "openai_key",
@@ -107,6 +88,7 @@ DETECTORS: tuple[Detector, ...] = (
         ),
         validator="openai_key",
         triggers=("sk-",),
+        token=True,
     ),
     Detector(
         "github_token",
@@ -117,6 +99,7 @@ DETECTORS: tuple[Detector, ...] = (
         ),
         validator="token_body",
         triggers=("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
+        token=True,
     ),
     Detector(
         "slack_token",
@@ -128,12 +111,14 @@ DETECTORS: tuple[Detector, ...] = (
             r"|xapp-[0-9]-[A-Z0-9]{9,}-[0-9]{6,}-[A-Za-z0-9]{20,})(?![A-Za-z0-9\-])"
         ),
         triggers=("xox", "xapp-"),
+        token=True,
     ),
     Detector(
         "slack_webhook",
         "SLACK_TOKEN",
         compile_pattern(r"https?://hooks\.slack\.com/(?:services|workflows|triggers)/[A-Za-z0-9_/+\-]{16,}"),
         triggers=("hooks.slack.com",),
+        token=True,
     ),
     Detector(
         "stripe_key",
@@ -143,6 +128,7 @@ DETECTORS: tuple[Detector, ...] = (
         ),
         validator="token_body",
         triggers=("_live_", "_test_", "_prod_"),
+        token=True,
     ),
     Detector(
         "google_api_key",
@@ -150,6 +136,7 @@ DETECTORS: tuple[Detector, ...] = (
         compile_pattern(r"(?<![A-Za-z0-9_\-])AIza(?P<body>[0-9A-Za-z_\-]{35})(?![A-Za-z0-9_\-])"),
         validator="token_body",
         triggers=("AIza",),
+        token=True,
     ),
     Detector(
         "aws_access_key_id",
@@ -160,6 +147,7 @@ DETECTORS: tuple[Detector, ...] = (
         ),
         validator="token_body",
         triggers=AWS_KEY_ID_PREFIXES,
+        token=True,
     ),
     Detector(
         "aws_secret_access_key",
@@ -169,6 +157,7 @@ DETECTORS: tuple[Detector, ...] = (
         min_length=40,
         anchor="token_runs_40",
     ),
+    *VENDOR_DETECTORS,
     Detector(
         "secret_assignment",
         "SECRET_ASSIGNMENT",
@@ -199,6 +188,15 @@ DETECTORS: tuple[Detector, ...] = (
         group="pw",
         validator="url_credentials",
         triggers=("://",),
+    ),
+    Detector(
+        "curl_credentials",
+        "SECRET_ASSIGNMENT",
+        # The command's name; the validator reads its `-u` / `--user` options.
+        compile_pattern(r"(?<![A-Za-z0-9_\-.])curl(?![A-Za-z0-9_\-])"),
+        validator="curl_credentials",
+        triggers=("curl",),
+        min_length=8,
     ),
     Detector(
         "email",

@@ -18,9 +18,15 @@ from collections.abc import Iterable, Iterator
 import regex
 
 from ext_proc.detect.canonical import View, canonical
-from ext_proc.detect.catalog.anchors import ANCHORS, Scratch, merge_windows
+from ext_proc.detect.catalog.anchors import ANCHORS, Scratch, Triggers, merge_windows
 from ext_proc.detect.catalog.deny import DENY_KIND
-from ext_proc.detect.catalog.detectors import DETECTORS, MIN_FINDING_LENGTH, Detector, Requirement
+from ext_proc.detect.catalog.detectors import (
+    DETECTORS,
+    DOCUMENTED_EXAMPLES,
+    MIN_FINDING_LENGTH,
+    Detector,
+    Requirement,
+)
 from ext_proc.detect.catalog.extensions import NO_EXTENSIONS, Extensions, Validator, compiled
 from ext_proc.detect.catalog.options import Options
 from ext_proc.detect.catalog.regexes import Span, timed_all, timed_match, timed_search
@@ -43,6 +49,7 @@ PRIORITY: tuple[str, ...] = (
     "STRIPE_KEY",
     "GOOGLE_API_KEY",
     "AWS_ACCESS_KEY",
+    "API_TOKEN",
     "SECRET_ASSIGNMENT",
     "EMAIL",
     "IBAN",
@@ -53,6 +60,7 @@ PRIORITY: tuple[str, ...] = (
     "HIGH_ENTROPY",
 )
 assert sorted(PRIORITY) == sorted(CATALOG_KINDS), "every catalog kind has exactly one priority"
+_SECRET_KINDS = frozenset(SETS["secrets"])
 assert all(d.kind in PRIORITY for d in DETECTORS)
 assert all(d.validator is None or d.validator in VALIDATORS for d in DETECTORS)
 assert all(d.anchor is None or d.anchor in ANCHORS for d in DETECTORS)
@@ -101,9 +109,19 @@ class Catalog:
             kind: PRIORITY_BASE + index for index, kind in enumerate([*PRIORITY, *custom])
         }
         self._memo_scope = ("catalog", self.sets, self.options, self.only, extra.digest)
-        self._triggers: tuple[tuple[str, bytes], ...] = tuple(
-            (t, t.encode("ascii")) for t in sorted({t for d in self.detectors for t in d.triggers})
+        self._triggers = Triggers.build(
+            (t for d in self.detectors if d.token for t in d.triggers),
+            (t for d in self.detectors if not d.token for t in d.triggers),
         )
+        # Which detectors a text's triggers wake (by index, so they run in catalog order); the
+        # ones without triggers always run. Most detectors have triggers (the vendor tokens) and
+        # most texts hold none of them: they then cost nothing, not a check each.
+        self._untriggered: tuple[int, ...] = tuple(i for i, d in enumerate(self.detectors) if not d.triggers)
+        by_trigger: dict[str, set[int]] = {}
+        for index, detector in enumerate(self.detectors):
+            for trigger in detector.triggers:
+                by_trigger.setdefault(trigger, set()).add(index)
+        self._by_trigger: dict[str, frozenset[int]] = {t: frozenset(ix) for t, ix in by_trigger.items()}
 
     @classmethod
     def for_sets(
@@ -171,6 +189,8 @@ class Catalog:
             return []
         findings: list[Finding] = []
         for kind, kind_spans in spans.items():
+            if kind in _SECRET_KINDS:
+                kind_spans = [sp for sp in kind_spans if original[sp[0] : sp[1]] not in DOCUMENTED_EXAMPLES]
             priority = self._priority[kind]
             for start, end in _merge_overlaps(kind_spans):
                 findings.append(Finding(kind, start, end, priority=priority))
@@ -193,15 +213,21 @@ class Catalog:
         length = len(text)
         scratch = Scratch(text)
         present = scratch.present(self._triggers)
+        order: Iterable[int] = self._untriggered
+        if present:
+            order = sorted(self._untriggered + tuple(i for t in present for i in self._by_trigger[t]))
         spans: dict[str, list[Span]] = {}
         gate = self._extra.gate
         first_custom = self._extra.detectors[0] if gate is not None else None
-        for detector in self.detectors:
+        last = -1
+        for index in order:
+            if index == last:
+                continue  # woken by two of its triggers
+            last = index
+            detector = self.detectors[index]
             if detector is first_custom and gate is not None and timed_search(gate, text) is None:
                 break  # the policy's own kinds come last, and none of their patterns matches
             if length < detector.min_length:
-                continue
-            if detector.triggers and present.isdisjoint(detector.triggers):
                 continue
             if detector.requires and not _requirements_met(detector.requires, scratch):
                 continue

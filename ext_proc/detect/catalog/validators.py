@@ -2,24 +2,35 @@
 
 `Catalog.detect` runs a detector's pattern, then the validator that `Detector.validator` names in
 `VALIDATORS`, which returns the spans of the match that are values (none, one or several); those
-become findings for redaction. This module checks provider tokens, PEM headers, EMAIL, IP, IBAN,
-CREDIT_CARD and SSN, and holds the registry of every validator; PHONE, HIGH_ENTROPY with AWS
-secret keys, and SECRET_ASSIGNMENT have modules of their own.
+become findings for redaction. This module checks provider and vendor tokens (placeholders,
+random-looking bodies, the checksums and encodings some formats carry), PEM headers, EMAIL, IP,
+IBAN, CREDIT_CARD and SSN, and holds the registry of every validator; PHONE, HIGH_ENTROPY with
+AWS secret keys, and SECRET_ASSIGNMENT have modules of their own.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import ipaddress
+import zlib
+from collections import Counter
 from collections.abc import Callable, Iterable
 
 import regex
 
 from ext_proc.detect.catalog.assignments import (
+    validate_curl_credentials,
     validate_secret_assignment,
     validate_secret_comparison,
     validate_url_credentials,
 )
-from ext_proc.detect.catalog.entropy import validate_aws_secret, validate_high_entropy
+from ext_proc.detect.catalog.entropy import (
+    HEX_MIN_ENTROPY,
+    shannon_entropy,
+    validate_aws_secret,
+    validate_high_entropy,
+)
 from ext_proc.detect.catalog.options import Options
 from ext_proc.detect.catalog.phones import validate_phone
 from ext_proc.detect.catalog.regexes import (
@@ -68,12 +79,178 @@ def _openai_key(text: str, m: regex.Match[str], span: Span, _o: Options) -> Iter
     return (span,)
 
 
-_PEM_END = compile_pattern(r"[ \t]*\r?\n?[ \t]*-----END ")
+# --- vendor tokens (vendors.py) -----------------------------------------------------------------
+
+# A token whose letters and digits are at least this much one character is a placeholder
+# (`AKCpXXXX…`, `glc_1111…`, `xxxx.atlasv1.xxxx…`); random bodies stay far below it.
+PLACEHOLDER_SHARE = 0.5
+
+
+def is_placeholder(body: str) -> bool:
+    """A documented stand-in rather than a token: a mask, or one character over and over."""
+    if is_mask(body):
+        return True
+    alnum = [ch for ch in body if ch.isalnum()]
+    if not alnum:
+        return True
+    return Counter(alnum).most_common(1)[0][1] >= PLACEHOLDER_SHARE * len(alnum)
+
+
+def _vendor_body(text: str, m: regex.Match[str], span: Span) -> str:
+    for name in ("body", "hex"):
+        if name in m.re.groupindex and m.group(name) is not None:
+            return m.group(name)
+    return text[span[0] : span[1]]
+
+
+def _vendor_structured(text: str, m: regex.Match[str], span: Span, _o: Options) -> Iterable[Span]:
+    """A token whose prefix and structure say what it is: only a placeholder is turned away."""
+    return () if is_placeholder(_vendor_body(text, m, span)) else (span,)
+
+
+def _is_token_body(body: str) -> bool:
+    """Not a placeholder, and no digit-only run (`12312312…`) nor hyphenated lower-case phrase
+    (`glptt-not-a-real-value-here`): a letter, and a digit or a capital."""
+    return (
+        not is_placeholder(body)
+        and any(ch.isalpha() for ch in body)
+        and any(ch.isdigit() or ch.isupper() for ch in body)
+    )
+
+
+def _vendor_token(text: str, m: regex.Match[str], span: Span, _o: Options) -> Iterable[Span]:
+    return (span,) if _is_token_body(_vendor_body(text, m, span)) else ()
+
+
+_SEGMENT_BREAKS = compile_pattern(r"[_\-.~]+")
+# Random letters are about half capitals; a name in camel case (`RequiredCharacteristicTypes`)
+# has one per word.
+RANDOM_CAPITALS = (0.2, 0.8)
+WORDS_SHARE = 0.6
+
+
+def _reads_as_words(body: str) -> bool:
+    """Most of `body` is plain words between separators (`XXXX_PUT_YOUR_TOKEN_HERE_XXXX`)."""
+    words = 0
+    for segment in _SEGMENT_BREAKS.split(body):
+        if (
+            len(segment) >= 3
+            and segment.isalpha()
+            and (segment.islower() or segment.isupper() or segment.istitle())
+        ):
+            words += len(segment)
+    return words >= WORDS_SHARE * len(body)
+
+
+def _is_random_body(body: str) -> bool:
+    """A prefix that also begins identifiers (`hf_`, `sha256~`, `ico-`): the body must read as
+    random, neither words nor a name in camel case."""
+    if not _is_token_body(body) or _reads_as_words(body):
+        return False
+    if body.isalpha():
+        capitals = sum(ch.isupper() for ch in body) / len(body)
+        return RANDOM_CAPITALS[0] <= capitals <= RANDOM_CAPITALS[1]
+    return True
+
+
+def _vendor_random(text: str, m: regex.Match[str], span: Span, _o: Options) -> Iterable[Span]:
+    return (span,) if _is_random_body(_vendor_body(text, m, span)) else ()
+
+
+def _vendor_hex(text: str, m: regex.Match[str], span: Span, _o: Options) -> Iterable[Span]:
+    """Hex digits: random enough (`5555555dAAAAA7777777…` is not), as HIGH_ENTROPY reads hex."""
+    body = _vendor_body(text, m, span).lower()
+    if is_placeholder(body) or body.isdigit() or shannon_entropy(body) < HEX_MIN_ENTROPY:
+        return ()
+    return (span,)
+
+
+BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+CHECKSUM_DIGITS = 6
+
+
+def base62_crc32(data: str) -> str:
+    """The CRC32 of `data` in base62, left-padded to six digits: the check at the end of GitHub's
+    and npm's tokens (30 random base62 characters, then this)."""
+    value = zlib.crc32(data.encode("ascii"))
+    digits = ""
+    while value:
+        value, rest = divmod(value, 62)
+        digits = BASE62[rest] + digits
+    return digits.rjust(CHECKSUM_DIGITS, "0")
+
+
+def token_checksum_valid(body: str) -> bool:
+    """Whether a 36-character token body ends in the base62 CRC32 of its first 30 characters."""
+    head, check = body[:-CHECKSUM_DIGITS], body[-CHECKSUM_DIGITS:]
+    return head.isascii() and base62_crc32(head) == check
+
+
+def _checksum_token(text: str, m: regex.Match[str], span: Span, _o: Options) -> Iterable[Span]:
+    """A valid checksum settles it; without one, a body that reads as random still counts (a token
+    with a typo is still a secret)."""
+    body = _vendor_body(text, m, span)
+    if token_checksum_valid(body) or _is_random_body(body):
+        return (span,)
+    return ()
+
+
+def _b64decode(body: str) -> bytes | None:
+    data = body.rstrip("=").replace("-", "+").replace("_", "/")
+    try:
+        return base64.b64decode(data + "=" * (-len(data) % 4), validate=True)
+    except (binascii.Error, ValueError):
+        return None
+
+
+# What an AWS Bedrock API key's base64 decodes to: `BedrockAPIKey-…` for a long-term key, a
+# presigned URL of the service for a short-term one.
+_BEDROCK_MARKERS = {"ABSK": b"BedrockAPIKey-", "bedrock-api-key-": b"bedrock.amazonaws.com"}
+
+
+def _bedrock_key(text: str, m: regex.Match[str], span: Span, _o: Options) -> Iterable[Span]:
+    marker = next(v for k, v in _BEDROCK_MARKERS.items() if text.startswith(k, span[0]))
+    decoded = _b64decode(m.group("body"))
+    return (span,) if decoded is not None and decoded.startswith(marker) else ()
+
+
+def _telegram_token(text: str, m: regex.Match[str], span: Span, _o: Options) -> Iterable[Span]:
+    """The bot id and its secret (a `bot` before them, as in the API's URLs, stays)."""
+    return ((m.start("id"), m.end("body")),) if _is_token_body(m.group("body")) else ()
+
+
+def _discord_token(text: str, m: regex.Match[str], span: Span, _o: Options) -> Iterable[Span]:
+    """The first part of a Discord bot token is the bot's id (17 to 20 digits) in base64."""
+    decoded = _b64decode(m.group("id"))
+    if decoded is None or not (17 <= len(decoded) <= 20 and decoded.isdigit()):
+        return ()
+    return (span,) if _is_token_body(m.group("body")) else ()
+
+
+_BUNDLER_VALUE = compile_pattern(
+    r"[ \t]{0,8}[:=][ \t]{0,8}([\"']?)(?P<value>[^\s\"'`:;&$]{1,256}:[^\s\"'`;&]{1,256})\1"
+)
+
+
+def _bundler_credentials(text: str, m: regex.Match[str], span: Span, _o: Options) -> Iterable[Span]:
+    """`BUNDLE_GEMS__EXAMPLE__COM=user:password` (or `: "user:password"`): the value."""
+    value = timed_match(_BUNDLER_VALUE, text, span[1], min(len(text), span[1] + 540))
+    if value is None or is_placeholder(value.group("value")):
+        return ()
+    return (value.span("value"),)
+
+
+# A header closed by its END line with nothing (or only a placeholder: `...`, `<your key>`, `xxxx`)
+# between them wraps no key material: documentation's template of a key file. Line breaks may be
+# written as `\n` escapes (a key file pasted into JSON).
+_PEM_END = compile_pattern(
+    r"(?:\s|\\[rn]){0,8}(?:(?:\.{3,}|\u2026+|<[^<>\n]{0,80}>|\[[^\[\]\n]{0,80}\]|\{[^{}\n]{0,80}\}|[xX*#]{3,})"
+    r"(?:\s|\\[rn]){0,8})?-----END "
+)
 
 
 def _private_key(text: str, m: regex.Match[str], span: Span, _o: Options) -> Iterable[Span]:
-    # A header immediately closed by its END line wraps no key material.
-    if timed_match(_PEM_END, text, span[1], min(len(text), span[1] + 16)):
+    if timed_match(_PEM_END, text, span[1], min(len(text), span[1] + 128)):
         return ()
     return (span,)
 
@@ -259,4 +436,14 @@ VALIDATORS: dict[str, Validator] = {
     "secret_assignment": validate_secret_assignment,
     "secret_comparison": validate_secret_comparison,
     "url_credentials": validate_url_credentials,
+    "curl_credentials": validate_curl_credentials,
+    "vendor_structured": _vendor_structured,
+    "vendor_token": _vendor_token,
+    "vendor_random": _vendor_random,
+    "vendor_hex": _vendor_hex,
+    "checksum_token": _checksum_token,
+    "bedrock_key": _bedrock_key,
+    "telegram_token": _telegram_token,
+    "discord_token": _discord_token,
+    "bundler_credentials": _bundler_credentials,
 }
