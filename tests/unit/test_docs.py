@@ -45,7 +45,6 @@ NOT_OURS = {
     "OPENAI_API_KEY": "catalog.md: a variable name, given as an example of a key that is not a secret",
     "ANTHROPIC_API_KEY": "catalog.md: as above",
     "DB_PASSWORD": "catalog.md: an example of a secret assignment in an environment file",
-    "API_TOKEN": "catalog.md: as above",
     "DENY_TERM": "the kind of a policy's deny terms (ext_proc.detect.catalog.deny.DENY_KIND)",
     "ALLOWED_IP": "the receipt count of a kind under `actions: allow` (ALLOWED_PREFIX + kind)",
     "EMPLOYEE_ID": "policies.md, catalog.md: an example custom kind",
