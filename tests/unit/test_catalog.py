@@ -639,3 +639,26 @@ def test_the_at_sign_anchor_loses_no_email(text: str) -> None:
     anchored = catalog._merge_overlaps(list(cat._run(email, text, Scratch(text))))
     scanned = catalog._merge_overlaps(list(cat._run(full, text, Scratch(text))))
     assert all(any(s0 <= x0 and x1 <= s1 for s0, s1 in anchored) for x0, x1 in scanned)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "SSN-219-48-7731",
+        "ssn.219-48-7731",
+        "ssn_219-48-7731",
+        "x-219-48-7731",
+        "SSN_219487731",
+        "user_ssn: 219487731",
+    ],
+)
+def test_an_ssn_right_after_a_label_and_a_separator_is_found(text: str) -> None:
+    """A black-box review sent these past every tenant, `SSN: block` included."""
+    assert [kind for kind, _, _ in kinds_at(text)] == ["SSN"]
+
+
+@pytest.mark.parametrize(
+    "text", ["part 12-219-48-7731", "v1.219-48-7731", "martin 219487731", "order 219487731"]
+)
+def test_an_ssn_shape_inside_a_longer_number_or_without_its_word_is_not_one(text: str) -> None:
+    assert "SSN" not in [kind for kind, _, _ in kinds_at(text)]

@@ -236,7 +236,11 @@ DETECTORS: tuple[Detector, ...] = (
     Detector(
         "ssn",
         "SSN",
-        compile_pattern(r"(?<![A-Za-z0-9_.\-])[0-9]{3}([\- .])[0-9]{2}\1[0-9]{4}(?![A-Za-z0-9_]|[\-.][0-9])"),
+        # After a letter and a separator (`SSN-078-05-1120`, `ssn_…`) it is one; after a digit and
+        # one, a longer number.
+        compile_pattern(
+            r"(?<![A-Za-z0-9])(?<![0-9][_.\-])[0-9]{3}([\- .])[0-9]{2}\1[0-9]{4}(?![A-Za-z0-9_]|[\-.][0-9])"
+        ),
         validator="ssn",
         requires=(Requirement(DIGITS, 9),),
         min_length=11,
@@ -245,7 +249,7 @@ DETECTORS: tuple[Detector, ...] = (
         "ssn_plain",
         "SSN",
         compile_pattern(
-            r"(?<![A-Za-z0-9_.\-])[0-9]{3}(?:[0-9]{6}|-[0-9]{6}|[0-9]{2}-[0-9]{4})"
+            r"(?<![A-Za-z0-9])(?<![0-9][_.\-])[0-9]{3}(?:[0-9]{6}|-[0-9]{6}|[0-9]{2}-[0-9]{4})"
             r"(?![A-Za-z0-9_]|[\-.][0-9])"
         ),
         validator="ssn_plain",

@@ -399,7 +399,10 @@ def _card(text: str, m: regex.Match[str], span: Span, _o: Options) -> Iterable[S
             yield (groups[i][0], groups[found - 1][1])
 
 
-_SSN_CONTEXT = compile_pattern(r"(?i)\b(?:ssn|ss\s?#|soc(?:ial)?[\s.\-]*sec(?:urity)?|taxpayer|tin)\b")
+# Letters around the word end it, an underscore does not (`SSN_078051120`, `user_ssn: …`).
+_SSN_CONTEXT = compile_pattern(
+    r"(?i)(?<![A-Za-z])(?:ssn|ss\s?#|soc(?:ial)?[\s.\-_]*sec(?:urity)?|taxpayer|tin)(?![A-Za-z])"
+)
 
 
 def _ssn_parts_ok(digits: str) -> bool:
