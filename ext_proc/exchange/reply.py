@@ -49,7 +49,9 @@ def build_output_gate(catalog: Catalog, restorer: Restorer, *, deny: bool) -> Ou
             text = neutralise_own_markers(text, nonce)
         return restorer.neutralise(text)
 
-    return OutputGate(catalog, neutralise, deny=deny, open_tail=restorer.open_tail)
+    return OutputGate(
+        catalog, neutralise, deny=deny, open_tail=restorer.open_tail, whole_at=restorer.whole_at
+    )
 
 
 def receipt_headers(record: ExchangeRecord) -> list[tuple[str, str]]:

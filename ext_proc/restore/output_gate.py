@@ -114,6 +114,7 @@ class OutputGate:
         *,
         deny: bool = False,
         open_tail: Callable[[str], int] | None = None,
+        whole_at: Callable[[str, int], int] | None = None,
     ) -> None:
         self.catalog = catalog
         self.deny = deny
@@ -122,6 +123,8 @@ class OutputGate:
         # window reads up to there and takes the rest with the next delta (the stream holds it
         # back too), so half a placeholder is never read as a value.
         self._open_tail = open_tail or len
+        # Where a cut would fall inside a placeholder (a surrogate holds spaces): before it.
+        self._whole_at = whole_at or (lambda _text, at: at)
         self._key = secrets.token_bytes(16)
         self._seen: dict[str, set[bytes]] = {}
         self._windows: dict[Hashable, GateWindow] = {}
@@ -394,6 +397,7 @@ class GateWindow:
         else:
             cut = gate._open_tail(joined)
             hold = open_start(joined[:cut], floor, gate.catalog) if cut > floor else floor
+            hold = gate._whole_at(joined, hold)
             if hold <= floor:
                 return False  # nothing decided yet
         judged = tail + gate._neutralise(joined[floor:hold])

@@ -106,6 +106,20 @@ class Restorer:
             i = m.end()
         return len(text)
 
+    def whole_at(self, text: str, at: int) -> int:
+        """`at`, or the start of a placeholder (in any form this restorer reads) that a cut at
+        `at` would split: the output gate never decides half of one (a surrogate phone's `+1 `
+        judged apart from the rest would leave the rest to be read as a number)."""
+        pattern = self.pattern
+        if pattern is None or not 0 < at < len(text):
+            return at
+        for m in pattern.finditer(text, max(0, at - LONGEST_FORM_CHARS)):
+            if m.start() >= at:
+                break
+            if m.end() > at:
+                return m.start()
+        return at
+
     def final(self, text: str, m: regex.Match[str]) -> bool:
         """Whether a complete match in `text` is final: more text could not make it another match
         (a longer index, a closing bracket still to come)."""

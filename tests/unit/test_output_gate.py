@@ -10,9 +10,11 @@ from hypothesis import strategies as st
 
 from ext_proc.detect.catalog.engine import Catalog
 from ext_proc.detect.findings import SETS
+from ext_proc.exchange.reply import build_output_gate
 from ext_proc.restore.output_gate import WINDOW, OutputGate
+from ext_proc.restore.restorers import SurrogateRestorer
 from ext_proc.transform.egress import neutralise_own_markers
-from tests.support.e2e import SAMPLES
+from tests.support.e2e import SAMPLES, SENTENCE
 from tests.support.examples import example_count
 
 ALL = Catalog.for_sets(SETS)
@@ -183,3 +185,35 @@ def test_one_value_in_several_layouts_counts_once(text: str, kind: str) -> None:
     g = OutputGate(ALL, lambda t: t)
     assert g.read(text)
     assert g.counts() == {kind: 1}
+
+
+def test_a_surrogate_is_never_decided_in_halves() -> None:
+    """A surrogate holds spaces (`+1 212-555-0143`, a card in groups): a delta that ends after
+    one, right before a word, once let the gate decide `+1 ` and read the rest later on its own,
+    as a phone number; under load Envoy hands over such deltas, and a surrogate tenant's reply
+    was refused. Every start position and delta size of a reply that echoes the surrogates."""
+    kinds = [
+        "EMAIL",
+        "PHONE",
+        "CREDIT_CARD",
+        "SSN",
+        "IBAN",
+        "IP",
+        "AWS_ACCESS_KEY",
+        "GITHUB_TOKEN",
+        "OPENAI_KEY",
+    ]
+    restorer = SurrogateRestorer({SAMPLES[kind]: "x" for kind in kinds}, "0123abcd")
+    counted = []
+    for pad in range(0, 140, 3):
+        text = "word " * (pad // 5) + SENTENCE + " and " + SENTENCE
+        for size in (120, 97, 64):
+            gate = build_output_gate(ALL, restorer, deny=True)
+            window = gate.window(("chat", 0, "content"))
+            for start in range(0, len(text), size):
+                window.feed(text[start : start + size])
+                gate.check_windows()
+            gate.finish_windows()
+            if gate.counts():
+                counted.append((pad, size, sorted(gate.counts())))
+    assert not counted, counted
