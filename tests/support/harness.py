@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import socket
 import subprocess
 import threading
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from ext_proc.policy.model import hash_api_key
 from ext_proc.runtime.config import Settings
-from ext_proc.runtime.stack import Stack, redis_binary, wait_port
+from ext_proc.runtime.stack import Stack, port_free, redis_binary, wait_port
 from tests.support.fake_upstream import FakeUpstream
 
 # API keys of the test tenants (invented; the policy files store only their digests).
@@ -59,10 +60,38 @@ RECEIPT_SECRET = "test-receipt-secret-0123456789abcdefghijkl"
 TENANT_SECRET = "test-tenant-secret-0123456789abcdefghijklmn"  # set by the stacks that ask for it
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A loopback port nothing listens on, below the kernel's ephemeral range.
+
+    A port the kernel hands out for `bind(0)` comes from the range it also draws outgoing
+    connections' source ports from: between the test picking it and Envoy binding it seconds later,
+    one of the suite's own client connections could take it (a clean-clone run lost its whole
+    session stack that way). Below that range only listeners compete, and each port is handed out
+    once per session."""
+    low, _ = _ephemeral_range()
+    first = 20000 if low > 21000 else 1024
+    if low - first < 1000:  # no room below the range: let the kernel choose
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            return int(sock.getsockname()[1])
+    for _ in range(200):
+        port = random.randrange(first, low)
+        if port in _HANDED_OUT or not port_free("127.0.0.1", port):
+            continue
+        _HANDED_OUT.add(port)
+        return port
+    raise RuntimeError(f"no free port found between {first} and {low}")
 
 
 def write_policies(directory: Path, extra: Mapping[str, str] | None = None) -> None:
