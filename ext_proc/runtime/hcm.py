@@ -1,5 +1,6 @@
 """What every listener's HTTP connection manager adds to its routes: the access log and the local
-replies Envoy itself makes (a body over MAX_BODY_BYTES, `/readyz` when no worker answers it).
+replies Envoy itself makes (a body over MAX_BODY_BYTES, a reply too large to read whole, `/readyz`
+when no worker answers it).
 
 The access log is one JSON line per request, without a header value or the query string: the
 method, the route, the status and why (`details`, `flags`), the durations, the bytes and the
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from collections.abc import Callable
 
 import yaml
 
@@ -30,6 +32,9 @@ CEL_FILTER_TYPE = "type.googleapis.com/envoy.extensions.access_loggers.filters.c
 
 # Envoy's own 413, never one of the processor's answers (their details are cordon_…).
 _ENVOY_413 = 'response.code == 413 && !response.code_details.startsWith("cordon_")'
+# A reply the processor asked to read whole (to restore it or gate it) that is over Envoy's buffer
+# limit: Envoy gives up on it with a bare 500.
+_REPLY_TOO_LARGE = 'response.code_details == "response_payload_too_large"'
 
 # The access log's fields: Envoy's format operators, typed (numbers stay numbers).
 ACCESS_FIELDS: dict[str, str] = {
@@ -66,6 +71,17 @@ def too_large_body(provider: str, limit: int) -> str:
     return PROVIDERS[provider].error_body(refusal).decode("utf-8")
 
 
+def reply_too_large_body(provider: str, limit: int) -> str:
+    """The provider's error body for a reply over `limit` bytes that had to be read whole."""
+    message = (
+        f"the model's reply is larger than the {limit} bytes this deployment reads whole "
+        "(MAX_BODY_BYTES) to restore or check it; it was not delivered (a streamed reply is read "
+        "in pieces and has no such limit)"
+    )
+    refusal = Refusal(502, "output", message, code="reply_too_large")
+    return PROVIDERS[provider].error_body(refusal).decode("utf-8")
+
+
 def _cel(expression: str) -> dict[str, object]:
     return {
         "extension_filter": {
@@ -84,8 +100,9 @@ def _json_reply(body: str) -> dict[str, object]:
 
 
 def local_reply_config(settings: Settings) -> dict[str, object]:
-    """The mappers, first match wins: /readyz unanswered → 503; Envoy's 413 → the provider's shape
-    (each provider's routes by name, then OpenAI's, the default provider's, for the rest)."""
+    """The mappers, first match wins: /readyz unanswered → 503; Envoy's 413 and its 500 for a reply
+    too large to read whole (→ 502) in the provider's shape (each provider's routes by name, then
+    OpenAI's, the default provider's, for the rest)."""
     limit = settings.max_body_bytes
     mappers: list[dict[str, object]] = [
         {
@@ -94,29 +111,34 @@ def local_reply_config(settings: Settings) -> dict[str, object]:
             "body_format_override": _json_reply('{"status":"not ready"}'),
         }
     ]
-    for provider in PROVIDERS:
-        if provider == OPENAI.name:
-            continue
-        names = sorted(name for name, (p, _) in ROUTE_PROVIDERS.items() if p.name == provider)
-        mappers.append(
-            {
-                "filter": _cel(f"{_ENVOY_413} && xds.route_name in {json.dumps(names)}"),
-                "headers_to_add": [_stage_header()],
-                "body_format_override": _json_reply(too_large_body(provider, limit)),
-            }
-        )
-    mappers.append(
-        {
-            "filter": _cel(_ENVOY_413),
-            "headers_to_add": [_stage_header()],
-            "body_format_override": _json_reply(too_large_body(OPENAI.name, limit)),
-        }
-    )
+    local: list[tuple[str, str, int | None, Callable[[str, int], str]]] = [
+        (_ENVOY_413, "request", None, too_large_body),
+        (_REPLY_TOO_LARGE, "output", 502, reply_too_large_body),
+    ]
+    for condition, stage, status, body in local:
+        for provider in PROVIDERS:
+            if provider == OPENAI.name:
+                continue
+            names = sorted(name for name, (p, _) in ROUTE_PROVIDERS.items() if p.name == provider)
+            on_route = f"{condition} && xds.route_name in {json.dumps(names)}"
+            mappers.append(_provider_reply(on_route, stage, status, body(provider, limit)))
+        mappers.append(_provider_reply(condition, stage, status, body(OPENAI.name, limit)))
     return {"mappers": mappers}
 
 
-def _stage_header() -> dict[str, object]:
-    header = {"key": "x-cordon-stage", "value": "request"}
+def _provider_reply(condition: str, stage: str, status: int | None, body: str) -> dict[str, object]:
+    mapper: dict[str, object] = {
+        "filter": _cel(condition),
+        "headers_to_add": [_stage_header(stage)],
+        "body_format_override": _json_reply(body),
+    }
+    if status is not None:
+        mapper["status_code"] = status
+    return mapper
+
+
+def _stage_header(stage: str) -> dict[str, object]:
+    header = {"key": "x-cordon-stage", "value": stage}
     return {"header": header, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}
 
 

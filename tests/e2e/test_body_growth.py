@@ -64,11 +64,13 @@ def body(dialect: str, text: str, *, stream: bool = False, size: int | None = No
     return body(dialect, text + " " + "w" * (size - len(raw) - 1), stream=stream)
 
 
-def headers(dialect: str, tenant: str | None = None) -> dict[str, str]:
+def headers(dialect: str, tenant: str | None = None, reply: str = "ok") -> dict[str, str]:
+    """The request's headers; the fake upstream answers `reply` (not an echo of a body near the
+    limit: the reply is read whole, and its own size is the last test's concern)."""
     key = KEYS[tenant] if tenant else "sk-test-anyone"
     if dialect == "messages":
-        return {"x-api-key": key, "anthropic-version": "2023-06-01"}
-    return {"authorization": f"Bearer {key}"}
+        return {"x-api-key": key, "anthropic-version": "2023-06-01", "x-fake-reply": reply}
+    return {"authorization": f"Bearer {key}", "x-fake-reply": reply}
 
 
 def assert_refused_too_large(stack: RunningStack, dialect: str, reply: Any, tenant: str) -> None:
@@ -122,3 +124,31 @@ def test_surrogates_that_grow_a_body_past_the_limit_are_refused(fresh: RunningSt
     fresh.upstream.reset()
     reply = request(port, "POST", PATHS["chat"], raw, headers("chat", "surrogate"))
     assert_refused_too_large(fresh, "chat", reply, "surrogate")
+
+
+@pytest.mark.parametrize("dialect", list(PATHS))
+def test_a_reply_too_large_to_read_whole_is_a_provider_error(fresh: RunningStack, dialect: str) -> None:
+    """A JSON reply is read whole to restore it; one over the limit that arrives in pieces cannot
+    be (Envoy lets one that arrives in one read through), and Envoy's bare 500 becomes a 502 in
+    the provider's shape that says why. The same reply streamed is delivered (a stream is read in
+    pieces)."""
+    text = "write to a7@b.co " + "w" * 40_000
+    twice = headers(dialect, reply="{{said}} {{said}}")
+    twice |= {"x-fake-chunk-bytes": "16384", "x-fake-delay-ms": "20"}  # it arrives in pieces
+    reply = request(fresh.settings.listen_port, "POST", PATHS[dialect], body(dialect, text), twice)
+    assert reply.status == 502, reply.body[:300]
+    assert reply.headers.get("x-cordon-stage") == "output"
+    error = json.loads(reply.body)
+    if dialect == "messages":
+        assert error["type"] == "error" and error["error"]["type"] == "api_error"
+        assert "MAX_BODY_BYTES" in error["error"]["message"]
+    else:
+        assert error["error"]["code"] == "reply_too_large"
+        assert "MAX_BODY_BYTES" in error["error"]["message"]
+    assert b"@b.co" not in reply.body
+    fresh.upstream.reset()
+    raw = body(dialect, text, stream=True)
+    in_pieces = headers(dialect, reply="{{said}} {{said}}") | {"x-fake-delta-chars": "4096"}
+    streamed = request(fresh.settings.listen_port, "POST", PATHS[dialect], raw, in_pieces)
+    assert streamed.status == 200
+    assert b"a7@b.co" in streamed.body and b"<EMAIL_" not in streamed.body  # restored

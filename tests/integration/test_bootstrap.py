@@ -297,7 +297,8 @@ def test_readyz_goes_through_the_processor(rendered: Rendered) -> None:
 
 def test_access_log_and_local_replies_on_every_filtered_listener(rendered: Rendered) -> None:
     """Each listener writes JSON access lines without a header value or the query string, and
-    maps Envoy's own 413 to the route's provider shape and an unanswered /readyz to 503."""
+    maps Envoy's own 413, and its 500 for a reply too large to read whole (as a 502), to the
+    route's provider shape, and an unanswered /readyz to 503."""
     for item in listeners(rendered.doc):
         manager = hcm(item)
         (log,) = manager["access_log"]
@@ -314,9 +315,16 @@ def test_access_log_and_local_replies_on_every_filtered_listener(rendered: Rende
             for m in (manager["local_reply_config"]["mappers"])
         ]
         assert expressions[0].startswith(f'xds.route_name == "{READY_ROUTE}"')
-        assert all("413" in e and "cordon_" in e for e in expressions[1:])
+        too_large, reply_too_large = expressions[1:3], expressions[3:]
+        assert len(too_large) == len(reply_too_large) == 2
+        assert all("413" in e and "cordon_" in e for e in too_large)
+        assert all('"response_payload_too_large"' in e for e in reply_too_large)
         anthropic_routes = sorted(n for n, (p, _) in ROUTE_PROVIDERS.items() if p.name == "anthropic")
-        assert json.dumps(anthropic_routes) in expressions[1]
+        assert (
+            json.dumps(anthropic_routes) in too_large[0]
+            and json.dumps(anthropic_routes) in reply_too_large[0]
+        )
+        assert manager["local_reply_config"]["mappers"][3]["status_code"] == 502
 
 
 def test_https_upstream_by_ip_matches_an_ip_san(tmp_path: Path) -> None:
