@@ -156,10 +156,9 @@ CASES: dict[str, Any] = {
 }
 
 
-def check_deny(dialect: str, kinds: list[str], newline: str, ending: str, seed: int) -> None:
-    rng = random.Random(seed)
-    pieces, _ = build(dialect, kinds, rng)
-    body, _ = run("sk-deny", dialect, script(dialect, pieces, newline=newline, ending=ending), rng)
+def assert_refused_before_any_value(dialect: str, kinds: list[str], pieces: Script, body: bytes) -> None:
+    """The stream the client got ends with the error event, no more of each value than
+    MAY_LEAVE reached it, and none of its channels holds a catalog value."""
     texts, errored = client_texts(body)
     assert errored, "the stream did not end with the error event"
     for kind in kinds:
@@ -169,6 +168,13 @@ def check_deny(dialect: str, kinds: list[str], newline: str, ending: str, seed: 
     for channel, text in texts.items():
         found = [f.kind for f in CATALOG.detect(text)]
         assert not found, f"{channel}: the client got {found}"
+
+
+def check_deny(dialect: str, kinds: list[str], newline: str, ending: str, seed: int) -> None:
+    rng = random.Random(seed)
+    pieces, _ = build(dialect, kinds, rng)
+    body, _ = run("sk-deny", dialect, script(dialect, pieces, newline=newline, ending=ending), rng)
+    assert_refused_before_any_value(dialect, kinds, pieces, body)
 
 
 def check_report(dialect: str, kinds: list[str], newline: str, ending: str, seed: int) -> None:
