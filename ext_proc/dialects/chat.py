@@ -150,7 +150,7 @@ class ChatStream(ChannelStream):
         if changed:
             data["choices"] = kept
             if not kept and data.get("usage") is None:
-                return before + self._held(data, fed)  # the whole chunk is held back
+                return before + self._held(event, data, fed)  # the whole chunk is held back
         return before + self._plain(event, data, changed, fed)
 
     def _feed_choice(
@@ -166,7 +166,9 @@ class ChatStream(ChannelStream):
                 key: ChannelKey = ("chat", ci, field)
                 out = self._feed(key, event, data, choice, text, json_escaped=False)
                 sites.append(Site(key, delta, field, text, out))
-        if all(field in _PLAIN_FIELDS and isinstance(value, str) for field, value in delta.items()):
+        if delta.keys() <= _PLAIN_FIELDS and (
+            self._gate is None or all(isinstance(value, str) for value in delta.values())
+        ):
             return sites  # texts and bookkeeping only (most deltas): nothing else to read
         for (outer, field), json_escaped in self.NESTED.items():
             inner = delta.get(outer)
@@ -204,7 +206,7 @@ class ChatStream(ChannelStream):
                 if value and field not in self.TEXT_FIELDS and field not in STRUCTURAL_KEYS:
                     prefix: ChannelKey = ("chat", ci, "delta", field)
                     self._gate_feed(prefix, value)
-                    sites.append(Site(prefix, delta, field, value, value))
+                    sites.append(Site(prefix, delta, field, value, self._whole(value, field)))
             elif isinstance(value, dict) or (isinstance(value, list) and field != "tool_calls"):
                 prefix = ("chat", ci, "delta", field)
                 sites += self._path_sites(value, prefix, _HANDLED.get(field, frozenset()))
@@ -224,7 +226,7 @@ class ChatStream(ChannelStream):
             else:
                 del delta["tool_calls"]
         for outer, _ in ChatStream.NESTED:
-            if delta.get(outer) == {}:
+            if outer in delta and delta[outer] == {}:
                 del delta[outer]
         return not delta and choice.get("finish_reason") is None and not choice.get("logprobs")
 

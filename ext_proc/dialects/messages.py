@@ -150,10 +150,11 @@ class MessagesStream(ChannelStream):
             gate_key = ("messages", joined) if joined is not None else None
             site.out = self._feed(key, event, data, data, text, json_escaped=json_escaped, gate_key=gate_key)
             if not site.out:
-                return self._held(data, [site])  # all of it is held back
+                return self._held(event, data, [site])  # all of it is held back
             return self._plain(event, data, apply_sites([site]), [site])
         if etype == "content_block_start":
-            return self._plain(event, data, fed=self._block_seed(data))
+            seeds = self._block_seed(data)
+            return self._plain(event, data, apply_sites(seeds), seeds)
         if etype == "content_block_stop":
             index = data.get("index")
             return self._flush_where(lambda key: key[1] == index) + self._plain(event, data)
@@ -174,7 +175,7 @@ class MessagesStream(ChannelStream):
             return []
         key: ChannelKey = (field, data.get("index"))
         self._gate_feed(("messages", field), text, text_key=key)
-        return [Site(key, block, field, text, text)]
+        return [Site(key, block, field, text, self._whole(text, field))]
 
     def _synthetic(self, key: ChannelKey, channel: Channel, text: str) -> dict[str, Any]:
         data = dict(channel.data)

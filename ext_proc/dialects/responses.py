@@ -187,7 +187,7 @@ class ResponsesStream(ChannelStream):
                 key, event, data, data, text, json_escaped=spec.json_escaped, gate_key=_gate_key(key, spec)
             )
             if not site.out:
-                return self._held(data, [site])  # all of it is held back
+                return self._held(event, data, [site])  # all of it is held back
             return self._plain(event, data, apply_sites([site]), [site])
         if etype in self.MEDIA_DELTAS and isinstance(data.get("delta"), str):
             return self._plain(event, data, fed=[Site((etype,), data, "delta", data["delta"], data["delta"])])
@@ -205,7 +205,8 @@ class ResponsesStream(ChannelStream):
             site = Site(channel, data, "delta", text, self._restorer.restore_text(text))
             return self._plain(event, data, apply_sites([site]), [site])
         seeds = self._part_seed(data) if etype in self.PART_ADDED else []
-        return self._flush_where(self._ended_by(etype, data)) + self._plain(event, data, fed=seeds)
+        flushed = self._flush_where(self._ended_by(etype, data))
+        return flushed + self._plain(event, data, apply_sites(seeds), seeds)
 
     def _part_seed(self, data: dict[str, Any]) -> list[Site]:
         """A part's first text, carried by its `*.part.added` event: the start of its channel."""
@@ -222,7 +223,7 @@ class ResponsesStream(ChannelStream):
         index = data.get(spec.index_field) if spec.index_field else None
         key: ChannelKey = (delta_type, data.get("item_id"), index)
         self._gate_feed(_gate_key(key, spec), text, text_key=key)
-        return [Site(key, part, field, text, text)]
+        return [Site(key, part, field, text, self._whole(text, field))]
 
     def _ended_by(self, etype: str, data: dict[str, Any]) -> Callable[[ChannelKey], bool]:
         item_id = data.get("item_id")

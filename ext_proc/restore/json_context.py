@@ -133,6 +133,11 @@ class JsonContext:
         self._lex_pending()
         return self._levels[0].mode == TEXT
 
+    @property
+    def read_as_prose(self) -> bool:
+        """Prose for good, as far as read (no lexing: a cheap check per delta)."""
+        return self._levels[0].mode == TEXT
+
     def snapshot(self) -> Snapshot:
         self._lex_pending()
         return tuple(level.state() for level in self._levels)

@@ -81,9 +81,16 @@ WORD_EDGE_CHARS = 128
 # one scan per few KB instead of one per delta.
 PENDING_CHARS = 4096
 
+# Under `deny`, a channel's new text is decided once this much has collected (or at its end):
+# a decision reads the held part in every view, about as costly for a word as for a line.
+DECIDE_CHARS = 24
+
 # Short texts remembered per reply (each event of a stream repeats its keys and bookkeeping).
 SEEN_TEXT_CHARS = 256
 SEEN_TEXTS = 4096
+# Stream events (their text left out) up to this size are remembered, this many.
+SEEN_EVENT_BYTES = 2048
+SEEN_EVENTS = 256
 
 # Beyond this depth a subtree is read as its JSON text instead of walked.
 MAX_DEPTH = 64
@@ -132,6 +139,7 @@ class OutputGate:
         self.tripped = False
         self.kinds: set[str] = set()  # every kind seen, counted or not yet (what a refusal names)
         self._read: dict[str, bool] = {}  # short texts already read, and whether they held a finding
+        self._events: dict[str, bool] = {}  # small stream events read (their repr), the same
         self.unread = False  # a reply it could not read
 
     def counts(self) -> dict[str, int]:
@@ -154,12 +162,29 @@ class OutputGate:
             return False
         short = len(text) <= SEEN_TEXT_CHARS
         if short and text in self._read:
-            return self._read[text]
+            found = self._read[text]
+            self.tripped = self.tripped or found  # as read then (a rollback may have reset it)
+            return found
         if self._streamed and self.digest(text) in self._streamed:
             return False
         found = self._take(self._neutralise(text), 0, whole=True)
         if short and len(self._read) < SEEN_TEXTS:
             self._read[text] = found
+        return found
+
+    def read_event(self, node: Any, size: int) -> bool:
+        """`read_tree` for a stream event of `size` bytes: a small one whose other strings are all
+        as in an event read before (the envelope every delta event repeats, its delta text left
+        out) is answered from what that one gave."""
+        if size > SEEN_EVENT_BYTES:
+            return self.read_tree(node)
+        shape = repr(node)  # C-level, and exact: types, keys, order and every string
+        found = self._events.get(shape)
+        if found is None:
+            found = self.read_tree(node)
+            if len(self._events) < SEEN_EVENTS:
+                self._events[shape] = found
+        self.tripped = self.tripped or found
         return found
 
     def read_tree(self, node: Any) -> bool:
@@ -392,8 +417,10 @@ class GateWindow:
         floor = len(tail)
         if final:
             hold = len(joined)
-        elif one_short_run(joined, floor):
-            return False  # nothing decided yet, wherever a placeholder may begin
+        elif len(joined) - floor < DECIDE_CHARS or one_short_run(joined, floor):
+            # Nothing decided yet: too little new text to be worth a decision (a few words at
+            # most wait), or one run, wherever a placeholder may begin.
+            return False
         else:
             cut = gate._open_tail(joined)
             hold = open_start(joined[:cut], floor, gate.catalog) if cut > floor else floor

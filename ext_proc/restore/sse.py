@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import regex
 
-from ext_proc.restore.json_body import compact, restore_tree
+from ext_proc.restore.json_body import JSON_STRING_KEYS, compact, restore_tree
 from ext_proc.restore.output_gate import STRUCTURAL_KEYS, GateCheckpoint, GateWindow, OutputGate
 from ext_proc.restore.restorers import Restorer
 from ext_proc.restore.stream import StreamRestorer
@@ -287,8 +287,15 @@ class ChannelStream:
                 continue  # too many: read whole with the rest of the event
             self._paths.add(path)
             self._gate_feed(path, text)
-            sites.append(Site(path, container, field, text, text))
+            sites.append(Site(path, container, field, text, self._whole(text, field)))
         return sites
+
+    def _whole(self, text: str, field: Any) -> str:
+        """A string that is no restore channel (read whole by the gate, left out of the event's
+        full restore), restored in one piece."""
+        if not self._restorer.has_any(text):
+            return text
+        return self._restorer.restore_text(text, json_escaped=field in JSON_STRING_KEYS)
 
     def _plain(
         self, event: SseEvent, data: Any, changed: bool = False, fed: Iterable[Site] = ()
@@ -303,11 +310,11 @@ class ChannelStream:
         assert event.payload is not None
         restore = self._restorer.has_any(event.payload)
         if restore or self._gate is not None:
-            saved = [(site, site.container[site.field]) for site in fed if site.field in site.container]
+            saved = _set_aside(fed)
             for site, _ in saved:
                 site.container[site.field] = None
             if self._gate is not None:
-                self._gate.read_tree(data)  # every other string of the event, before restore
+                self._gate.read_event(data, len(event.payload))  # its other strings, before restore
             if restore:
                 data, tree_changed = restore_tree(data, self._restorer)
                 changed = changed or tree_changed
@@ -315,14 +322,15 @@ class ChannelStream:
                 site.container[site.field] = value
         return [event.render(data) if changed else event.raw]
 
-    def _held(self, data: Any, fed: Iterable[Site]) -> list[bytes]:
+    def _held(self, event: SseEvent, data: Any, fed: Iterable[Site]) -> list[bytes]:
         """An event whose delta text is all held back goes out as nothing; the gate still reads
         the rest of it."""
         if self._gate is not None:
-            saved = [(site, site.container[site.field]) for site in fed if site.field in site.container]
+            assert event.payload is not None
+            saved = _set_aside(fed)
             for site, _ in saved:
                 site.container[site.field] = None
-            self._gate.read_tree(data)
+            self._gate.read_event(data, len(event.payload))
             for site, value in saved:
                 site.container[site.field] = value
         return []
@@ -350,6 +358,20 @@ def _leaves(
                     yield node, index, (*path, index)
             elif isinstance(item, (dict, list)):
                 yield from _leaves(item, (*path, index), skip, depth + 1)
+
+
+def _set_aside(fed: Iterable[Site]) -> list[tuple[Site, Any]]:
+    """The fed texts still in their event, each with its value (a dict field may have been
+    dropped, emptied; a list keeps its items)."""
+    return [
+        (site, site.container[site.field])
+        for site in fed
+        if (
+            site.field in site.container
+            if isinstance(site.container, dict)
+            else 0 <= site.field < len(site.container)
+        )
+    ]
 
 
 def apply_sites(sites: list[Site]) -> bool:
@@ -385,6 +407,7 @@ class SseRestorer:
         self._queue: list[Queued] = []
         # Under `deny`, output waits for the gate's decision.
         self._holds = gate is not None and gate.deny
+        self._cr = False  # a carriage return seen: events are found by the general pattern
 
     def checkpoint(self) -> SseCheckpoint:
         """The state before a chunk, so the chunk can be restored again from it (`rollback`): how
@@ -407,17 +430,31 @@ class SseRestorer:
             return chunk
         buf = self._buf
         buf += chunk
+        if not self._cr and b"\r" in chunk:
+            self._cr = True
         out: list[bytes] = []
         start = 0
         while True:
-            m = _EVENT_END.search(buf, max(start, self._scan))
-            if m is None or (m.end() == len(buf) and buf[-1:] == b"\r"):
-                # Resume three bytes back: the end of an event may be cut inside `\r\n\r\n`.
-                self._scan = max(start, len(buf) - 3)
-                break
-            raw = bytes(buf[start : m.end()])
-            self._emit(out, self._event(raw, m.start() - start, m.group(1)))
-            start = self._scan = m.end()
+            if self._cr:
+                m = _EVENT_END.search(buf, max(start, self._scan))
+                if m is None or (m.end() == len(buf) and buf[-1:] == b"\r"):
+                    # Resume three bytes back: the end of an event may be cut inside `\r\n\r\n`.
+                    self._scan = max(start, len(buf) - 3)
+                    break
+                body_end, end, newline = m.start(), m.end(), m.group(1)
+            else:  # no carriage return so far (most streams): events end with a blank line
+                body_end = buf.find(b"\n\n", max(start, self._scan))
+                if body_end < 0:
+                    self._scan = max(start, len(buf) - 1)
+                    break
+                end, newline = body_end + 2, b"\n"
+            pieces = self._event(bytes(buf[start:end]), body_end - start, newline)
+            if self._holds:
+                assert self._gate is not None
+                self._queue.append((b"".join(pieces), self._gate.marks()))
+            else:
+                out.extend(pieces)
+            start = self._scan = end
         if start:
             del buf[:start]  # cheap: bytearray drops a prefix without moving the rest
             self._scan -= start

@@ -44,11 +44,12 @@ class StreamRestorer:
     otherwise it is read as JSON when it begins with `{` or `[`, and as prose else.
     """
 
-    __slots__ = ("_context", "_ctx", "_held", "_restorer")
+    __slots__ = ("_context", "_ctx", "_held", "_prose", "_restorer")
 
     def __init__(self, restorer: Restorer, *, json_escaped: bool = False) -> None:
         self._restorer = restorer
         self._context = JsonContext(lenient=json_escaped)
+        self._prose = False  # the channel reads as prose for good: its JSON reader has nothing to do
         self._held = ""
         # The characters before the held tail that the word-start look-behind reads.
         self._ctx = ""
@@ -66,6 +67,7 @@ class StreamRestorer:
         self._held, self._ctx = state
         if isinstance(state, StreamState):
             self._context.restore(state.json)
+            self._prose = False
 
     def feed(self, text: str) -> str:
         pattern = self._restorer.pattern
@@ -90,13 +92,16 @@ class StreamRestorer:
                 break
             before = s[i : m.start()]
             out.append(before)
-            context.feed(before)
+            if not self._prose:
+                context.feed(before)
             out.append(self._restorer.emit(m, context))
             i = m.end()
         self._held = s[cut:]
         self._ctx = s[max(0, cut - LOOKBEHIND_CHARS) : cut]
         rest = s[i:cut]
-        context.feed(rest)
+        if not self._prose:
+            context.feed(rest)
+            self._prose = context.read_as_prose
         if i == start and cut == n:
             return held + text if held else text  # the common case: nothing held, nothing found
         out.append(rest)

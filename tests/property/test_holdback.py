@@ -1,5 +1,5 @@
-"""The hold-back's shortcuts (ext_proc.restore.holdback) change no answer: the undecided tail a
-stream channel keeps is the same with them as when every spanning pattern is tried one by one."""
+"""The hold-back's shortcut (ext_proc.restore.holdback) changes no answer: the undecided tail a
+stream channel keeps is the same with it as with the full reading."""
 
 from __future__ import annotations
 
@@ -10,12 +10,10 @@ from hypothesis import strategies as st
 from ext_proc.detect.catalog.engine import Catalog
 from ext_proc.detect.findings import SETS
 from ext_proc.restore import holdback
-from ext_proc.restore.holdback import HOLD_CHARS, Spanning, _open_in, _spanning, one_short_run, open_start
+from ext_proc.restore.holdback import HOLD_CHARS, one_short_run, open_start
 from tests.support.examples import example_count
 
 CATALOG = Catalog.for_sets(SETS)
-SPANNING = _spanning(CATALOG)
-ONE_BY_ONE = Spanning(SPANNING.anchored, SPANNING.unanchored, None)
 
 # Pieces the spanning patterns are made of (digits in groups, IBAN and PEM prefixes, phone
 # punctuation, keys and quotes, addresses) between ordinary words.
@@ -25,17 +23,6 @@ PIECES = st.sampled_from(
      "'", '"', "token:", "ann", "@", "example", ".com", "[dot]", "the", "order", "of", "\n", "\u00a0"]
 )  # fmt: skip
 TEXTS = st.lists(PIECES, max_size=24).map("".join)
-
-
-def test_the_default_catalog_has_its_unanchored_patterns_joined() -> None:
-    assert SPANNING.unanchored and SPANNING.any_unanchored is not None
-
-
-@settings(max_examples=example_count(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(TEXTS, st.integers(min_value=0, max_value=60))
-def test_the_joined_search_changes_no_answer(text: str, lo: int) -> None:
-    lo = min(lo, len(text))
-    assert _open_in(text, SPANNING, lo) == _open_in(text, ONE_BY_ONE, lo)
 
 
 @settings(max_examples=example_count(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])

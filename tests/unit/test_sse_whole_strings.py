@@ -1,0 +1,99 @@
+"""The strings of a stream that are no restore channel are restored in one piece.
+
+A stream's delta texts are restore channels (a placeholder may be cut across deltas); every other
+string of an event is restored whole, whether the output gate reads it as a channel of its key
+path (a delta field this code does not know, a block's or part's first text) or not at all. The
+gate reads such strings before restore, as the model wrote them: the placeholder is never a
+finding.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from ext_proc.detect.catalog.engine import Catalog
+from ext_proc.detect.findings import ALL_SETS
+from ext_proc.dialects import DIALECTS
+from ext_proc.exchange.reply import build_output_gate
+from ext_proc.restore.restorers import Restorer
+from ext_proc.restore.sse import SseRestorer
+from ext_proc.transform.placeholders import PlaceholderMap
+
+ORIGINAL = "jane.doe@example.com"
+CATALOG = Catalog.for_sets(ALL_SETS)
+
+
+def restored(dialect: str, events: list[tuple[str | None, dict[str, Any]]], gate: str | None) -> str:
+    pmap = PlaceholderMap(nonce="ab12cd34")
+    placeholder = pmap.placeholder_for("EMAIL", ORIGINAL)
+    raw = "".join(
+        (f"event: {name}\n" if name else "") + "data: " + json.dumps(data).replace("PH", placeholder) + "\n\n"
+        for name, data in events
+    )
+    output_gate = None
+    if gate is not None:
+        output_gate = build_output_gate(CATALOG, Restorer(pmap), deny=gate == "deny")
+    sse = SseRestorer(Restorer(pmap), DIALECTS[dialect], output_gate)
+    out = sse.feed(raw.encode()) + sse.finish()
+    if output_gate is not None:
+        assert output_gate.counts() == {}, "the gate took the placeholder for a finding"
+    return out.decode()
+
+
+CHAT = [
+    (
+        None,
+        {
+            "object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": {"content": "hi", "note": "to PH"}}],
+        },
+    ),
+    (
+        None,
+        {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"extra": {"to": ["PH"]}}}]},
+    ),
+]
+MESSAGES = [
+    (
+        "content_block_start",
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": "to PH "}},
+    ),
+    (
+        "content_block_delta",
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "ok"}},
+    ),
+    ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+]
+RESPONSES = [
+    (
+        "response.content_part.added",
+        {
+            "type": "response.content_part.added", "item_id": "m1", "output_index": 0, "content_index": 0,
+            "part": {"type": "output_text", "text": "to PH ", "annotations": []},
+        },
+    ),
+    (
+        "response.output_text.delta",
+        {
+            "type": "response.output_text.delta", "item_id": "m1", "output_index": 0, "content_index": 0,
+            "delta": "ok",
+        },
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("gate", [None, "report", "deny"])
+@pytest.mark.parametrize(
+    ("dialect", "events", "count"),
+    [("chat", CHAT, 2), ("messages", MESSAGES, 1), ("responses", RESPONSES, 1)],
+    ids=["chat-other-delta-fields", "messages-block-start", "responses-part-added"],
+)
+def test_strings_outside_the_restore_channels_are_restored_whole(
+    dialect: str, events: list[tuple[str | None, dict[str, Any]]], count: int, gate: str | None
+) -> None:
+    out = restored(dialect, events, gate)
+    assert "ab12cd34" not in out.lower()
+    assert out.count(ORIGINAL) == count
