@@ -253,34 +253,14 @@ class _Blob:
 
 
 def _blobs(ink: Image.Image) -> list[_Blob]:
-    """The 8-connected components of the ink (a few thousand pixels of text at most)."""
+    """The 8-connected components of the ink (a few thousand pixels of text at most), each as its
+    box and pixel count."""
     width, height = ink.size
-    data = ink.tobytes()
-    seen = bytearray(len(data))
     blobs = []
-    for start, value in enumerate(data):
-        if not value or seen[start]:
-            continue
-        seen[start] = 1
-        stack = [start]
-        left, top, right, bottom, count = width, height, 0, 0, 0
-        while stack:
-            i = stack.pop()
-            x, y = i % width, i // width
-            count += 1
-            left, right = min(left, x), max(right, x + 1)
-            top, bottom = min(top, y), max(bottom, y + 1)
-            for ny in (y - 1, y, y + 1):
-                if ny < 0 or ny >= height:
-                    continue
-                row = ny * width
-                for nx in (x - 1, x, x + 1):
-                    if 0 <= nx < width:
-                        j = row + nx
-                        if data[j] and not seen[j]:
-                            seen[j] = 1
-                            stack.append(j)
-        blobs.append(_Blob(left, top, right, bottom, count))
+    for group in _components(ink.tobytes(), width, height):
+        xs = [i % width for i in group]
+        ys = [i // width for i in group]
+        blobs.append(_Blob(min(xs), min(ys), max(xs) + 1, max(ys) + 1, len(group)))
     return blobs
 
 
