@@ -18,7 +18,7 @@ from ext_proc.dialects.base import Dialect, Position
 from ext_proc.dialects.providers import OPENAI, openai_error
 from ext_proc.errors import Refusal
 from ext_proc.media.parts import MediaPart, base64_part, dicts, file_data, id_part, str_at, url_part
-from ext_proc.restore.output_gate import STRUCTURAL_KEYS
+from ext_proc.restore.output_gate import API_OBJECT_KEYS, STRUCTURAL_KEYS
 from ext_proc.restore.sse import Channel, ChannelKey, ChannelStream, Site, SseEvent, apply_sites
 
 SYSTEM_ROLES = frozenset({"system", "developer"})
@@ -209,7 +209,9 @@ class ChatStream(ChannelStream):
                     sites.append(Site(prefix, delta, field, value, self._whole(value, field)))
             elif isinstance(value, dict) or (isinstance(value, list) and field != "tool_calls"):
                 prefix = ("chat", ci, "delta", field)
-                sites += self._path_sites(value, prefix, _HANDLED.get(field, frozenset()))
+                sites += self._path_sites(
+                    value, prefix, _HANDLED.get(field, frozenset()), envelope=field in API_OBJECT_KEYS
+                )
         return sites
 
     @staticmethod

@@ -60,7 +60,8 @@ from ext_proc.transform.walk import looks_like_json
 WINDOW = 512
 
 # Keys whose string values are protocol bookkeeping in all three APIs, not model output: skipped
-# in the API's own objects, read inside what the model wrote (`MODEL_WRITTEN_KEYS`, JSON text).
+# in the API's own objects (the root of a reply or event, and what API_OBJECT_KEYS lead to), read
+# anywhere else: under a key the APIs do not define, in what the model wrote, in JSON text.
 STRUCTURAL_KEYS = frozenset(
     {
         "id", "object", "type", "role", "model", "status", "system_fingerprint", "finish_reason",
@@ -69,9 +70,19 @@ STRUCTURAL_KEYS = frozenset(
         "event", "signature", "encrypted_content",
     }
 )  # fmt: skip
-# Keys whose object value the model wrote (a tool's input, a computer action, parsed structured
-# output): no key in it is bookkeeping.
-MODEL_WRITTEN_KEYS = frozenset({"input", "arguments", "args", "parsed", "action", "partial_json"})
+# Keys under which the three APIs put objects of their own (choices, messages, deltas, blocks,
+# items, parts, usage, errors …): bookkeeping keys inside them are skipped. Under any other key
+# (one the APIs do not define, `metadata`, what the model wrote: a tool's `input`, `arguments`,
+# `parsed` output) an `id` or a `type` is read like any string.
+API_OBJECT_KEYS = frozenset(
+    {
+        "choices", "delta", "message", "tool_calls", "function", "function_call", "usage",
+        "content", "content_block", "item", "part", "response", "output", "error", "audio",
+        "logprobs", "top_logprobs", "annotations", "summary", "reasoning", "text", "format",
+        "completion_tokens_details", "prompt_tokens_details", "input_tokens_details",
+        "output_tokens_details",
+    }
+)  # fmt: skip
 
 # The window's left edge moves to the first whitespace within this many characters, so it does
 # not start inside a token (half a token can look like a value of its own).
@@ -496,9 +507,7 @@ def _strings(
             if envelope and key in STRUCTURAL_KEYS and not isinstance(value, (dict, list)):
                 continue
             inner_path = (*path[1 - PATH_STEPS :], key) if path else (key,)
-            yield from _strings(
-                value, depth + 1, inner_path, envelope=envelope and key not in MODEL_WRITTEN_KEYS
-            )
+            yield from _strings(value, depth + 1, inner_path, envelope=envelope and key in API_OBJECT_KEYS)
     elif isinstance(node, list):
         for item in node:
             yield from _strings(item, depth + 1, path, envelope=envelope)

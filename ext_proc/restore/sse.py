@@ -28,7 +28,13 @@ from typing import TYPE_CHECKING, Any
 import regex
 
 from ext_proc.restore.json_body import JSON_STRING_KEYS, compact, restore_tree
-from ext_proc.restore.output_gate import STRUCTURAL_KEYS, GateCheckpoint, GateWindow, OutputGate
+from ext_proc.restore.output_gate import (
+    API_OBJECT_KEYS,
+    STRUCTURAL_KEYS,
+    GateCheckpoint,
+    GateWindow,
+    OutputGate,
+)
 from ext_proc.restore.restorers import Restorer
 from ext_proc.restore.stream import StreamRestorer
 
@@ -275,13 +281,15 @@ class ChannelStream:
     def _flush_where(self, match: Callable[[ChannelKey], bool]) -> list[bytes]:
         return self._flush([key for key in self._channels if match(key)])
 
-    def _path_sites(self, node: Any, prefix: ChannelKey, skip: frozenset[str] = frozenset()) -> list[Site]:
+    def _path_sites(
+        self, node: Any, prefix: ChannelKey, skip: frozenset[str] = frozenset(), *, envelope: bool = True
+    ) -> list[Site]:
         """Every string of `node` outside bookkeeping (and `skip`ped keys), fed to the gate
         channel of its key path: Sites the full read then leaves out."""
         if self._gate is None:
             return []
         sites: list[Site] = []
-        for container, field, path in _leaves(node, prefix, skip):
+        for container, field, path in _leaves(node, prefix, skip, envelope=envelope):
             text = container[field]
             if path not in self._paths and len(self._paths) >= MAX_PATH_CHANNELS:
                 continue  # too many: read whole with the rest of the event
@@ -337,27 +345,29 @@ class ChannelStream:
 
 
 def _leaves(
-    node: Any, path: ChannelKey, skip: frozenset[str], depth: int = 0
+    node: Any, path: ChannelKey, skip: frozenset[str], depth: int = 0, *, envelope: bool = True
 ) -> Iterable[tuple[Any, Any, ChannelKey]]:
-    """(container, key, path) of every string below `node`, bookkeeping keys left out."""
+    """(container, key, path) of every string below `node`: the `skip`ped keys of `node` itself
+    left out, and bookkeeping keys while still in the API's own objects (`envelope`)."""
     if depth > 32:
         return
     if isinstance(node, dict):
         for key, value in node.items():
-            if key in STRUCTURAL_KEYS or key in skip:
+            if (envelope and key in STRUCTURAL_KEYS) or (depth == 0 and key in skip):
                 continue
             if isinstance(value, str):
                 if value:
                     yield node, key, (*path, key)
             elif isinstance(value, (dict, list)):
-                yield from _leaves(value, (*path, key), skip, depth + 1)
+                inner = envelope and key in API_OBJECT_KEYS
+                yield from _leaves(value, (*path, key), skip, depth + 1, envelope=inner)
     elif isinstance(node, list):
         for index, item in enumerate(node):
             if isinstance(item, str):
                 if item:
                     yield node, index, (*path, index)
             elif isinstance(item, (dict, list)):
-                yield from _leaves(item, (*path, index), skip, depth + 1)
+                yield from _leaves(item, (*path, index), skip, depth + 1, envelope=envelope)
 
 
 def _set_aside(fed: Iterable[Site]) -> list[tuple[Site, Any]]:

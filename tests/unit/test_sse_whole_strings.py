@@ -97,3 +97,59 @@ def test_strings_outside_the_restore_channels_are_restored_whole(
     out = restored(dialect, events, gate)
     assert "ab12cd34" not in out.lower()
     assert out.count(ORIGINAL) == count
+
+
+# --- bookkeeping keys are skipped only where the APIs put them -----------------------------------
+
+BOOKKEEPING = ["id", "type", "model", "role", "status", "object", "signature", "call_id", "index", "item_id"]
+EMAIL = "zorblat.quimby@fennwick.io"
+
+
+def denied(dialect: str, events: list[tuple[str | None, dict[str, Any]]]) -> tuple[bool, bool]:
+    """(the gate tripped, the value reached the client) for a stream under `deny`."""
+    pmap = PlaceholderMap(nonce="ab12cd34")
+    gate = build_output_gate(CATALOG, Restorer(pmap), deny=True)
+    sse = SseRestorer(Restorer(pmap), DIALECTS[dialect], gate)
+    raw = "".join((f"event: {n}\n" if n else "") + "data: " + json.dumps(d) + "\n\n" for n, d in events)
+    out = sse.feed(raw.encode()) + sse.finish()
+    return gate.tripped, EMAIL.encode() in out
+
+
+@pytest.mark.parametrize("key", BOOKKEEPING)
+def test_a_bookkeeping_key_outside_the_apis_objects_is_read(key: str) -> None:
+    value = {key: EMAIL}
+    chunk = {"object": "chat.completion.chunk"}
+    hi = {"index": 0, "delta": {"content": "Hi"}}
+    block = {"type": "text", "text": "", "citations": [value]}
+    cases = {
+        "under a delta field of its own": (
+            "chat",
+            [(None, {**chunk, "choices": [{"index": 0, "delta": {"content": "Hi", "x": value}}]})],
+        ),
+        "in the envelope's metadata": ("chat", [(None, {**chunk, "metadata": value, "choices": [hi]})]),
+        "in a block's citations": (
+            "messages",
+            [("content_block_start", {"type": "content_block_start", "index": 0, "content_block": block})],
+        ),
+    }
+    for name, (dialect, events) in cases.items():
+        assert denied(dialect, events) == (True, False), name
+    pmap = PlaceholderMap(nonce="ab12cd34")
+    gate = build_output_gate(CATALOG, Restorer(pmap), deny=True)
+    message = {"role": "assistant", "content": "hi", "extra": {key: EMAIL}}
+    gate.read_tree({"id": "chatcmpl-1", "choices": [{"index": 0, "message": message}]})
+    assert gate.tripped, "a JSON reply"
+
+
+def test_bookkeeping_where_the_apis_put_it_is_not_read() -> None:
+    """The API's own ids and types are not model output (an id can look like a random token)."""
+    signature = "EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxBdjrkzLoky3dl1pkiMOYds"
+    start = {"type": "thinking", "thinking": "", "signature": ""}
+    delta = {"type": "signature_delta", "signature": signature}
+    events = [
+        ("content_block_start", {"type": "content_block_start", "index": 0, "content_block": start}),
+        ("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta}),
+    ]
+    assert CATALOG.detect(signature), "the sample must look like a value when read"
+    tripped, _ = denied("messages", events)
+    assert not tripped
