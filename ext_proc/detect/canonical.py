@@ -175,15 +175,18 @@ class View:
         return chain_span(self.maps, start, end)
 
 
-def _odd_edits(text: str, translated: str) -> list[Edit]:
+def _odd_edits(text: str, translated: str, *, blank: bool = False) -> list[Edit]:
     """An edit for each character whose reading is not one character (NUL in `translated`). A
     combining mark goes with the character before it, so a span that ends on a letter takes its
-    mark along (redaction never leaves a mark behind on its own)."""
+    mark along (redaction never leaves a mark behind on its own). `blank`: an invisible or filler
+    code point reads as a space instead of nothing."""
     edits: list[Edit] = []
     for m in _NUL.finditer(translated):
         at = m.start()
         char = text[at]
         reading = read_char(char)
+        if blank and not reading and _BLANKABLE.match(char) is not None:
+            reading = " "
         if not reading and at and unicodedata.category(char) in _MARKS:
             if edits and edits[-1][1] == at:
                 start, _, before = edits[-1]
@@ -199,14 +202,15 @@ def _odd_edits(text: str, translated: str) -> list[Edit]:
     return edits
 
 
-def canonical(text: str) -> View:
-    """The canonical view of `text` (see the module docstring)."""
+def canonical(text: str, *, blank: bool = False) -> View:
+    """The canonical view of `text` (see the module docstring). `blank`: the invisible and filler
+    code points read as a space, not as nothing (`blank_view`)."""
     if text.isascii() and "  " not in text and not text.encode("ascii").translate(None, _ASCII_KEPT):
         return View(text)
     maps: list[EditMap] = []
     translated = text.translate(_ONE)
     if "\x00" in translated:
-        translated, mapping = apply_edits(translated, _odd_edits(text, translated))
+        translated, mapping = apply_edits(translated, _odd_edits(text, translated, blank=blank))
         if mapping is not None:
             maps.append(mapping)
     if "  " in translated:
@@ -221,6 +225,23 @@ def canonical(text: str) -> View:
             maps.append(mapping)
     maps.reverse()  # the last rewrite is undone first
     return View(translated, tuple(maps))
+
+
+# What `blank` reads as a space: the code points the view removes as invisible or filler (not
+# the combining marks, nor the modifier letters that imitate none).
+_BLANKABLE = regex.compile(r"[\p{Default_Ignorable_Code_Point}\p{Cf}\u2800\x00-\x08\x0e-\x1f\x7f-\x9f]")
+
+
+def blank_view(text: str) -> View | None:
+    """The view with invisible and filler code points read as spaces, or None when `text` has
+    none. The canonical view removes them, which joins what they separate: a name padded inside
+    reads whole, but a value they set apart from a word (`card` + U+2800 + a card number, shown
+    as a space) then reads glued to that word. Readers that find values read both views."""
+    if text.isascii() and not text.encode("ascii").translate(None, _ASCII_KEPT):
+        return None
+    if _BLANKABLE.search(text) is None:
+        return None
+    return canonical(text, blank=True)
 
 
 def canonical_text(text: str) -> str:

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ext_proc.detect.canonical import canonical, read_char
+from ext_proc.detect.canonical import blank_view, canonical, read_char
 from ext_proc.detect.catalog.engine import Catalog
 from ext_proc.detect.decode import decoded_views
-from ext_proc.detect.findings import SETS
+from ext_proc.detect.findings import ALL_SETS, SETS
 from ext_proc.detect.normalize import fold
 from ext_proc.detect.offsets import EditMap, apply_edits
 from ext_proc.detect.subjects.header import encode_subject_header, parse_subject_header
@@ -480,3 +480,33 @@ def test_regional_indicators_read_as_their_letters() -> None:
     spelled = "".join(chr(0x1F1E6 + ord(c) - ord("A")) for c in "ZK")
     assert canonical(spelled).text == "ZK"
     assert SUBJECTS.first_survivor(f"id {spelled}7731904") == "SUBJECT1_ID"
+
+
+# --- an invisible character between a word and a value ------------------------------------------
+
+_SEPARATING = ["\u200b", "\u2800", "\u3164", "\uffa0", "\u180e", "\u2060", "\u00ad"]
+_SET_APART = [
+    "4539 1488 0343 6467",
+    "078-05-1120",
+    "10.12.13.14",
+    "DE89370400440532013000",
+    "jane.roe@example.org",
+]
+
+
+@pytest.mark.parametrize("separator", _SEPARATING, ids=[f"U+{ord(c):04X}" for c in _SEPARATING])
+def test_a_value_an_invisible_character_sets_apart_from_a_word_is_found(separator: str) -> None:
+    """The canonical view removes the character, gluing the value to the word before it; the
+    catalog also reads the view where it is a space (`blank_view`)."""
+    catalog = Catalog.for_sets(ALL_SETS)
+    for value in _SET_APART:
+        text = f"card{separator}{value} ok"
+        spans = [text[f.start : f.end] for f in catalog.detect(text)]
+        assert any(span.endswith(value) for span in spans), value
+
+
+def test_blank_view_only_where_an_invisible_character_is() -> None:
+    assert blank_view("plain ascii, tab\tand newline\n") is None
+    assert blank_view("café, naïve") is None
+    view = blank_view("a\u200bb")
+    assert view is not None and view.text == "a b" and view.span(1, 2) == (1, 2)

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator
 
 import regex
 
-from ext_proc.detect.canonical import View, canonical
+from ext_proc.detect.canonical import View, blank_view, canonical
 from ext_proc.detect.catalog.anchors import ANCHORS, Scratch, Triggers, merge_windows
 from ext_proc.detect.catalog.deny import DENY_KIND
 from ext_proc.detect.catalog.detectors import (
@@ -174,6 +174,12 @@ class Catalog:
         spans = self._scan(view.text)
         if view.maps:
             spans = {kind: [view.span(s, e) for s, e in found] for kind, found in spans.items()}
+        blank = blank_view(original)
+        if blank is not None:
+            # Invisible characters read as spaces too: one that sets a value apart from a word
+            # must not glue the two together.
+            for kind, found in self._scan(blank.text).items():
+                spans.setdefault(kind, []).extend(blank.span(s, e) for s, e in found)
         # Escapes are decoded in the view (a full-width `％４０` is an escape too), and what they
         # decode to is read in its own view again; text spelled in invisible tag characters is
         # read as the ASCII it mirrors. A finding there counts where it covers a decoded
