@@ -204,7 +204,11 @@ class ResponsesStream(ChannelStream):
             self._gate_feed(channel, text)
             site = Site(channel, data, "delta", text, self._restorer.restore_text(text))
             return self._plain(event, data, apply_sites([site]), [site])
-        seeds = self._part_seed(data) if etype in self.PART_ADDED else []
+        seeds: list[Site] = []
+        if etype in self.PART_ADDED:
+            seeds = self._part_seed(data)
+        elif etype == "response.output_item.added":
+            seeds = self._item_seeds(data)
         flushed = self._flush_where(self._ended_by(etype, data))
         return flushed + self._plain(event, data, apply_sites(seeds), seeds)
 
@@ -221,9 +225,42 @@ class ResponsesStream(ChannelStream):
             return []
         spec = self.DELTAS[delta_type]
         index = data.get(spec.index_field) if spec.index_field else None
-        key: ChannelKey = (delta_type, data.get("item_id"), index)
-        self._gate_feed(_gate_key(key, spec), text, text_key=key)
-        return [Site(key, part, field, text, self._whole(text, field))]
+        return self._seed(part, field, (delta_type, data.get("item_id"), index), spec)
+
+    def _item_seeds(self, data: dict[str, Any]) -> list[Site]:
+        """An item's first texts, carried by `response.output_item.added` (an upstream may put the
+        start of a part's text, or of a call's arguments, there): the start of their channels."""
+        item = data.get("item")
+        if not isinstance(item, dict):
+            return []
+        item_id = item.get("id")
+        seeds: list[Site] = []
+        lists = (("content", "content_index"), ("summary", "summary_index"))
+        for field, index_field in lists:
+            parts = item.get(field)
+            if not isinstance(parts, list):
+                continue
+            for index, part in enumerate(parts):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if not isinstance(kind, str) or kind not in self.PART_TEXT:
+                    continue
+                assert isinstance(part, dict)
+                delta_type, text_field = self.PART_TEXT[kind]
+                spec = self.DELTAS[delta_type]
+                if spec.index_field != index_field:
+                    continue
+                seeds += self._seed(part, text_field, (delta_type, item_id, index), spec)
+        if item.get("type") == "function_call":
+            delta_type = "response.function_call_arguments.delta"
+            seeds += self._seed(item, "arguments", (delta_type, item_id, None), self.DELTAS[delta_type])
+        return seeds
+
+    def _seed(self, container: dict[str, Any], field: str, key: ChannelKey, spec: _Delta) -> list[Site]:
+        text = container.get(field)
+        if not isinstance(text, str) or not text:
+            return []
+        self._gate_feed(_gate_key(key, spec), text, json_text=spec.json_escaped, text_key=key)
+        return [Site(key, container, field, text, self._whole(text, field))]
 
     def _ended_by(self, etype: str, data: dict[str, Any]) -> Callable[[ChannelKey], bool]:
         item_id = data.get("item_id")

@@ -153,3 +153,42 @@ def test_bookkeeping_where_the_apis_put_it_is_not_read() -> None:
     assert CATALOG.detect(signature), "the sample must look like a value when read"
     tripped, _ = denied("messages", events)
     assert not tripped
+
+
+def test_a_responses_item_text_starts_its_channel() -> None:
+    """Text an upstream puts in `response.output_item.added` (a part's start, a call's arguments)
+    is read joined with the deltas after it, as the SDK joins them."""
+    item = {
+        "id": "m1",
+        "type": "message",
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": "see 4539 "}],
+    }
+    delta = {"item_id": "m1", "output_index": 0, "content_index": 0, "delta": "1488 0343 6467 done"}
+    events = [
+        (
+            "response.output_item.added",
+            {"type": "response.output_item.added", "output_index": 0, "item": item},
+        ),
+        ("response.output_text.delta", {"type": "response.output_text.delta", **delta}),
+    ]
+    tripped, _ = denied("responses", events)
+    assert tripped
+    call = {"id": "fc1", "type": "function_call", "name": "send", "arguments": '{"to": "jane.roe@exa'}
+    events = [
+        (
+            "response.output_item.added",
+            {"type": "response.output_item.added", "output_index": 0, "item": call},
+        ),
+        (
+            "response.function_call_arguments.delta",
+            {
+                "type": "response.function_call_arguments.delta",
+                "item_id": "fc1",
+                "output_index": 0,
+                "delta": 'mple.org"}',
+            },
+        ),
+    ]
+    tripped, _ = denied("responses", events)
+    assert tripped
