@@ -205,7 +205,7 @@ class ChatStream(ChannelStream):
             if isinstance(value, str):
                 if value and field not in self.TEXT_FIELDS and field not in STRUCTURAL_KEYS:
                     prefix: ChannelKey = ("chat", ci, "delta", field)
-                    self._gate_feed(prefix, value)
+                    self._gate_path(prefix, value)
                     sites.append(Site(prefix, delta, field, value, self._whole(value, field)))
             elif isinstance(value, dict) or (isinstance(value, list) and field != "tool_calls"):
                 prefix = ("chat", ci, "delta", field)

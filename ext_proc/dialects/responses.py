@@ -201,7 +201,7 @@ class ResponsesStream(ChannelStream):
                 data.get("output_index"),
                 data.get("content_index"),
             )
-            self._gate_feed(channel, text)
+            self._gate_path(channel, text)
             site = Site(channel, data, "delta", text, self._restorer.restore_text(text))
             return self._plain(event, data, apply_sites([site]), [site])
         seeds: list[Site] = []

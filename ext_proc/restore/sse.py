@@ -248,6 +248,14 @@ class ChannelStream:
                 digest = self._texts[text_key] = gate.hasher()
             digest.update(text.encode("utf-8", "surrogatepass"))
 
+    def _gate_path(self, key: ChannelKey, text: str) -> None:
+        """A string with no schema (a field or an event type the API does not define): read as a
+        channel of its key path across events, and on its own, as an SDK shows it event by event
+        (joined, a value could read glued to the text before it)."""
+        if self._gate is not None and text:
+            self._gate_feed(key, text)
+            self._gate.read(text)
+
     def _note_text(self, key: ChannelKey) -> None:
         digest = self._texts.pop(key, None)
         if digest is not None and self._gate is not None:
@@ -294,7 +302,7 @@ class ChannelStream:
             if path not in self._paths and len(self._paths) >= MAX_PATH_CHANNELS:
                 continue  # too many: read whole with the rest of the event
             self._paths.add(path)
-            self._gate_feed(path, text)
+            self._gate_path(path, text)
             sites.append(Site(path, container, field, text, self._whole(text, field)))
         return sites
 

@@ -192,3 +192,24 @@ def test_a_responses_item_text_starts_its_channel() -> None:
     ]
     tripped, _ = denied("responses", events)
     assert tripped
+
+
+def test_a_field_without_schema_is_read_event_by_event_too() -> None:
+    """Joined across events, `x` of the second event would read glued to the first's text (`abc`
+    + `4539 …`); an SDK shows each event's `x` on its own."""
+    chunk = {"object": "chat.completion.chunk"}
+    events = [
+        (None, {**chunk, "choices": [{"index": 0, "delta": {"content": "a", "x": "abc"}}]}),
+        (None, {**chunk, "choices": [{"index": 0, "delta": {"content": "b", "x": "4539 1488 0343 6467"}}]}),
+        (None, {**chunk, "choices": [{"index": 0, "delta": {"content": "c", "x": "def"}}]}),
+    ]
+    assert denied("chat", events)[0]
+    unknown = {"item_id": "m1", "output_index": 0, "content_index": 0}
+    events = [
+        ("response.future_text.delta", {"type": "response.future_text.delta", **unknown, "delta": "abc"}),
+        (
+            "response.future_text.delta",
+            {"type": "response.future_text.delta", **unknown, "delta": "078-05-1120"},
+        ),
+    ]
+    assert denied("responses", events)[0]
