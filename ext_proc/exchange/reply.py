@@ -50,7 +50,12 @@ def build_output_gate(catalog: Catalog, restorer: Restorer, *, deny: bool) -> Ou
         return restorer.neutralise(text)
 
     return OutputGate(
-        catalog, neutralise, deny=deny, open_tail=restorer.open_tail, whole_at=restorer.whole_at
+        catalog,
+        neutralise,
+        deny=deny,
+        open_tail=restorer.open_tail,
+        whole_at=restorer.whole_at,
+        owns=restorer.owns,
     )
 
 

@@ -133,8 +133,11 @@ class OutputGate:
         deny: bool = False,
         open_tail: Callable[[str], int] | None = None,
         whole_at: Callable[[str, int], int] | None = None,
+        owns: Callable[[str], bool] | None = None,
     ) -> None:
         self.catalog = catalog
+        # A value this exchange wrote itself (a surrogate the model wrote in another layout).
+        self._owns = owns or (lambda _value: False)
         self.deny = deny
         self._neutralise = neutralise
         # Where a placeholder still being written starts at the end of a channel's text: a
@@ -214,7 +217,9 @@ class OutputGate:
         if path_role(path) is None:
             return False
         neutral = self._neutralise(text)
-        findings = value_findings(path, neutral, self.catalog)
+        findings = [
+            f for f in value_findings(path, neutral, self.catalog) if not self._owns(neutral[f.start : f.end])
+        ]
         for finding in findings:
             self._record(finding.kind, neutral[finding.start : finding.end])
         if findings:
@@ -229,6 +234,8 @@ class OutputGate:
         found = False
         for finding in self.detect(text) if text else ():
             if finding.end <= floor or (edge_cut and finding.start == 0):
+                continue
+            if self._owns(text[finding.start : finding.end]):
                 continue
             found = True
             self.kinds.add(finding.kind)

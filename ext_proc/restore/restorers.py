@@ -86,6 +86,11 @@ class Restorer:
         """Whether there is anything to restore at all (the request had placeholders)."""
         return self.pattern is not None
 
+    def owns(self, value: str) -> bool:
+        """Whether a value the output gate found is one this restorer wrote, in another layout (a
+        placeholder never is: it is read as a space)."""
+        return False
+
     def neutralise(self, text: str) -> str:
         """`text` with every form of placeholder this restorer matches read as a space: the output
         gate's view of model output (a placeholder is never a finding)."""
@@ -283,7 +288,7 @@ class SurrogateRestorer(Restorer):
     with the age written beside it) while the text after it could still spell the rest.
     """
 
-    __slots__ = ("_longer",)
+    __slots__ = ("_cores", "_longer")
 
     def __init__(self, originals: Mapping[str, str], nonce: str) -> None:
         self.nonce = nonce  # the request's placeholder nonce: what the gate reads strip markers by
@@ -308,6 +313,11 @@ class SurrogateRestorer(Restorer):
                 self._longer[short] = tuple(ordered[i + 1 : j])
         if originals:
             self.pattern = _surrogate_pattern(tuple(sorted(originals, key=lambda t: (-len(t), t))))
+        # Each surrogate by its letters and digits alone (and a phone's without its country
+        # code): a model that rewrites `+1 634 555 0152` as `(634) 555-0152` still wrote it.
+        self._cores: frozenset[str] = frozenset(
+            core for surrogate in originals for core in _cores(surrogate) if len(core) >= 7
+        )
 
     def final(self, text: str, m: regex.Match[str]) -> bool:
         if not is_final(text, m):
@@ -332,6 +342,10 @@ class SurrogateRestorer(Restorer):
 
     def key_of(self, m: regex.Match[str]) -> str | None:
         return m.group("surrogate").casefold()
+
+    def owns(self, value: str) -> bool:
+        """A value the gate found that is one of this request's surrogates, written otherwise."""
+        return bool(self._cores) and not _cores(value).isdisjoint(self._cores)
 
     def neutralise(self, text: str) -> str:
         """This request's surrogates, and every address of the surrogates' shape at the surrogate
@@ -377,3 +391,13 @@ def restorer_for(pmap: PlaceholderMap | PseudonymMap) -> Restorer:
     if isinstance(pmap, PseudonymMap):
         return PseudonymRestorer(pmap)
     return Restorer(pmap)
+
+
+def _cores(value: str) -> set[str]:
+    """A value by its letters and digits alone, case folded; one that starts with `+1` or `1`
+    also without that country code."""
+    core = "".join(c for c in value.casefold() if c.isalnum())
+    cores = {core}
+    if core.startswith("1") and core[1:].isdigit():
+        cores.add(core[1:])
+    return cores

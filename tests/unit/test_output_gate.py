@@ -217,3 +217,15 @@ def test_a_surrogate_is_never_decided_in_halves() -> None:
             if gate.counts():
                 counted.append((pad, size, sorted(gate.counts())))
     assert not counted, counted
+
+
+def test_a_surrogate_the_model_rewrote_in_another_layout_is_not_a_finding() -> None:
+    """Surrogate mode: the model may write the request's fictional phone number in its own
+    layout; the original number, or any other, is still a finding."""
+    restorer = SurrogateRestorer({"+1 634 555 0152": "+1 212 555 0143"}, NONCE)
+    for written in ("(634) 555-0152", "634-555-0152", "+1-634-555-0152", "1 634 555 0152"):
+        gate = build_output_gate(ALL, restorer, deny=True)
+        assert not gate.read(f"call {written} today"), written
+    for other in ("(212) 555-0143", "+1 415 555 0177"):
+        gate = build_output_gate(ALL, restorer, deny=True)
+        assert gate.read(f"call {other} today"), other
