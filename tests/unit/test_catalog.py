@@ -89,6 +89,8 @@ TRUE_POSITIVES: list[tuple[str, str, str]] = [
     ("EMAIL", "contact: Ops_Team-1@sub.example.net.", "Ops_Team-1@sub.example.net"),
     ("EMAIL", "write to jane.doe@example[dot]com please", "jane.doe@example[dot]com"),
     ("EMAIL", "邮箱是test@example.com，谢谢", "test@example.com"),
+    ("EMAIL", "write to .jane.roe@otherco.org now", "jane.roe@otherco.org"),  # dots in front left out
+    ("EMAIL", "or jane..roe@otherco.org", "jane..roe@otherco.org"),  # no valid address, but shows one
     # PHONE
     ("PHONE", "call (415) 555-0132 today", "(415) 555-0132"),
     ("PHONE", "call 415-555-0132", "415-555-0132"),

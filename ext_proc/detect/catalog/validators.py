@@ -256,11 +256,12 @@ def _private_key(text: str, m: regex.Match[str], span: Span, _o: Options) -> Ite
 
 
 def _email(text: str, m: regex.Match[str], span: Span, _o: Options) -> Iterable[Span]:
-    value = text[span[0] : span[1]]
-    local = value.split("@", 1)[0]
-    if local.startswith(".") or ".." in local:
-        return ()
-    return (span,)
+    """An address whose local part starts with dots, or holds two in a row, is no valid address
+    but shows one to whoever reads it (`.jane.roe@…`): the dots in front are left out of the span,
+    the rest is an address."""
+    local = text[span[0] : span[1]].split("@", 1)[0]
+    lead = len(local) - len(local.lstrip("."))
+    return ((span[0] + lead, span[1]),)
 
 
 _DOC_NETS = tuple(
