@@ -236,9 +236,8 @@ def blank_view(text: str) -> View | None:
     """The view with invisible and filler code points read as spaces, or None when `text` has
     none. The canonical view removes them, which joins what they separate: a name padded inside
     reads whole, but a value they set apart from a word (`card` + U+2800 + a card number, shown
-    as a space) then reads glued to that word. Readers that find values read both views."""
-    if text.isascii() and not text.encode("ascii").translate(None, _ASCII_KEPT):
-        return None
+    as a space) then reads glued to that word. Readers that find values read both views (only
+    where the canonical view is not the text itself: removing a character is an edit)."""
     if _BLANKABLE.search(text) is None:
         return None
     return canonical(text, blank=True)

@@ -174,7 +174,7 @@ class Catalog:
         spans = self._scan(view.text)
         if view.maps:
             spans = {kind: [view.span(s, e) for s, e in found] for kind, found in spans.items()}
-        blank = blank_view(original)
+        blank = blank_view(original) if view.maps else None  # nothing removed: nothing to blank
         if blank is not None:
             # Invisible characters read as spaces too: one that sets a value apart from a word
             # must not glue the two together.
