@@ -170,12 +170,7 @@ class MessagesStream(ChannelStream):
         if field is None:
             return []
         assert isinstance(block, dict)
-        text = block.get(field)
-        if not isinstance(text, str) or not text:
-            return []
-        key: ChannelKey = (field, data.get("index"))
-        self._gate_feed(("messages", field), text, text_key=key)
-        return [Site(key, block, field, text, self._whole(text, field))]
+        return self._seed(block, field, (field, data.get("index")), ("messages", field), json_text=False)
 
     def _synthetic(self, key: ChannelKey, channel: Channel, text: str) -> dict[str, Any]:
         data = dict(channel.data)

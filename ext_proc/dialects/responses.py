@@ -220,12 +220,9 @@ class ResponsesStream(ChannelStream):
             return []
         assert isinstance(part, dict)
         delta_type, field = self.PART_TEXT[kind]
-        text = part.get(field)
-        if not isinstance(text, str) or not text:
-            return []
         spec = self.DELTAS[delta_type]
         index = data.get(spec.index_field) if spec.index_field else None
-        return self._seed(part, field, (delta_type, data.get("item_id"), index), spec)
+        return self._seed_of(part, field, (delta_type, data.get("item_id"), index), spec)
 
     def _item_seeds(self, data: dict[str, Any]) -> list[Site]:
         """An item's first texts, carried by `response.output_item.added` (an upstream may put the
@@ -249,18 +246,14 @@ class ResponsesStream(ChannelStream):
                 spec = self.DELTAS[delta_type]
                 if spec.index_field != index_field:
                     continue
-                seeds += self._seed(part, text_field, (delta_type, item_id, index), spec)
+                seeds += self._seed_of(part, text_field, (delta_type, item_id, index), spec)
         if item.get("type") == "function_call":
             delta_type = "response.function_call_arguments.delta"
-            seeds += self._seed(item, "arguments", (delta_type, item_id, None), self.DELTAS[delta_type])
+            seeds += self._seed_of(item, "arguments", (delta_type, item_id, None), self.DELTAS[delta_type])
         return seeds
 
-    def _seed(self, container: dict[str, Any], field: str, key: ChannelKey, spec: _Delta) -> list[Site]:
-        text = container.get(field)
-        if not isinstance(text, str) or not text:
-            return []
-        self._gate_feed(_gate_key(key, spec), text, json_text=spec.json_escaped, text_key=key)
-        return [Site(key, container, field, text, self._whole(text, field))]
+    def _seed_of(self, container: dict[str, Any], field: str, key: ChannelKey, spec: _Delta) -> list[Site]:
+        return self._seed(container, field, key, _gate_key(key, spec), json_text=spec.json_escaped)
 
     def _ended_by(self, etype: str, data: dict[str, Any]) -> Callable[[ChannelKey], bool]:
         item_id = data.get("item_id")

@@ -306,6 +306,17 @@ class ChannelStream:
             sites.append(Site(path, container, field, text, self._whole(text, field)))
         return sites
 
+    def _seed(
+        self, container: dict[str, Any], field: str, key: ChannelKey, gate_key: ChannelKey, *, json_text: bool
+    ) -> list[Site]:
+        """The text a block, part or item starts with (an SDK appends the deltas to it): read as
+        the start of gate channel `gate_key`, restored whole."""
+        text = container.get(field)
+        if not isinstance(text, str) or not text:
+            return []
+        self._gate_feed(gate_key, text, json_text=json_text, text_key=key)
+        return [Site(key, container, field, text, self._whole(text, field))]
+
     def _whole(self, text: str, field: Any) -> str:
         """A string that is no restore channel (read whole by the gate, left out of the event's
         full restore), restored in one piece."""
@@ -466,12 +477,7 @@ class SseRestorer:
                     self._scan = max(start, len(buf) - 1)
                     break
                 end, newline = body_end + 2, b"\n"
-            pieces = self._event(bytes(buf[start:end]), body_end - start, newline)
-            if self._holds:
-                assert self._gate is not None
-                self._queue.append((b"".join(pieces), self._gate.marks()))
-            else:
-                out.extend(pieces)
+            self._emit(out, self._event(bytes(buf[start:end]), body_end - start, newline))
             start = self._scan = end
         if start:
             del buf[:start]  # cheap: bytearray drops a prefix without moving the rest
