@@ -164,18 +164,102 @@ def render_bench_listener(settings: Settings) -> str:
     """
     if settings.bench_listen_port is None:
         return ""
+    return _bench_listener(settings, "bench", settings.bench_listen_port, ROUTER_FILTER)
+
+
+# The floors' ext_proc filter: nothing asked for beyond the phases, so its server costs only
+# the round trips. 2 messages: both header phases; 4: the bodies buffered as well, the shape our
+# processor has on a JSON exchange. A streamed reply is switched to STREAMED by the server, as
+# ours does, so the time to first token stays comparable.
+_FLOOR_FILTER = """\
+- name: envoy.filters.http.ext_proc
+  typed_config:
+    "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
+    grpc_service:
+      envoy_grpc: {{cluster_name: {cluster}}}
+      timeout: 300s
+    failure_mode_allow: false
+    allow_mode_override: {override}
+    processing_mode:
+      request_header_mode: SEND
+      response_header_mode: SEND
+      request_body_mode: {body}
+      response_body_mode: {body}
+      request_trailer_mode: SKIP
+      response_trailer_mode: SKIP
+    message_timeout: {timeout}s
+"""
+
+BENCH_FLOOR_CLUSTER = "bench_floor"
+
+
+def render_floor_listeners(settings: Settings) -> str:
+    """`make bench` only (BENCH_FLOOR2_PORT, BENCH_FLOOR4_PORT): listeners whose ext_proc filter
+    talks to the bench's pass-through server (tests/bench/floor.py), the least any processor of
+    that shape can cost. Never rendered unless the settings are given."""
+    floors = [
+        ("bench_floor2", settings.bench_floor2_port, "NONE", "false"),
+        ("bench_floor4", settings.bench_floor4_port, "BUFFERED", "true"),
+    ]
+    listeners = []
+    for name, port, body, override in floors:
+        if port is None:
+            continue
+        timeout = settings.message_timeout_seconds
+        ext_proc = _FLOOR_FILTER.format(
+            cluster=BENCH_FLOOR_CLUSTER, body=body, override=override, timeout=timeout
+        )
+        listeners.append(_bench_listener(settings, name, port, ext_proc + ROUTER_FILTER))
+    return "".join(listeners)
+
+
+def render_floor_cluster(settings: Settings) -> str:
+    """The cluster of the floors' server: HTTP/2 with the ext_proc cluster's windows and
+    connection reuse, so a floor differs from our processor in what its server does only."""
+    if settings.bench_floor_extproc_port is None or (
+        settings.bench_floor2_port is None and settings.bench_floor4_port is None
+    ):
+        return ""
+    cluster = textwrap.dedent(
+        f"""\
+        - name: {BENCH_FLOOR_CLUSTER}
+          type: STATIC
+          connect_timeout: 1s
+          typed_extension_protocol_options:
+            envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+              "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+              common_http_protocol_options:
+                max_requests_per_connection: 100
+              explicit_http_config:
+                http2_protocol_options:
+                  initial_stream_window_size: 16777216
+                  initial_connection_window_size: 33554432
+          load_assignment:
+            cluster_name: {BENCH_FLOOR_CLUSTER}
+            endpoints:
+            - lb_endpoints:
+              - endpoint:
+                  address:
+                    socket_address: {{address: "127.0.0.1", port_value: {settings.bench_floor_extproc_port}}}
+        """
+    )
+    return textwrap.indent(cluster, "  ")
+
+
+def _bench_listener(settings: Settings, name: str, port: int, http_filters: str) -> str:
+    """A listener of `make bench`: the plain listener's routes and normalisation, its own filters."""
     listener = textwrap.dedent(
         f"""\
-        - name: bench
+        - name: {name}
           address:
-            socket_address: {{address: "{settings.listen_address}", port_value: {settings.bench_listen_port}}}
+            socket_address: {{address: "{settings.listen_address}", port_value: {port}}}
           per_connection_buffer_limit_bytes: {settings.max_body_bytes}
           filter_chains:
           - filters:
             - name: envoy.filters.network.http_connection_manager
               typed_config:
                 "@type": {HCM_TYPE}
-                stat_prefix: bench
+                stat_prefix: {name}
                 normalize_path: true
                 merge_slashes: true
                 path_with_escaped_slashes_action: UNESCAPE_AND_FORWARD
@@ -184,7 +268,7 @@ def render_bench_listener(settings: Settings) -> str:
         """
     )
     # The listener sits under `listeners:` (two spaces); routes and filters come indented already.
-    filters = "          http_filters:\n" + textwrap.indent(ROUTER_FILTER, " " * 10)
+    filters = "          http_filters:\n" + textwrap.indent(http_filters, " " * 10)
     return textwrap.indent(listener, "  ") + render_routes() + "\n" + filters
 
 
@@ -234,7 +318,8 @@ def render(settings: Settings, *, openai: Upstream, anthropic: Upstream, cert: P
         "TLS_KEY_FILE": key,
         "ROUTES": render_routes(),
         "FILTERS": render_filters(settings),
-        "BENCH_LISTENER": render_bench_listener(settings),
+        "BENCH_LISTENER": render_bench_listener(settings) + render_floor_listeners(settings),
+        "BENCH_CLUSTERS": render_floor_cluster(settings),
         "HCM_EXTRAS": hcm.render(settings, 10),
     }
     for upstream in (openai, anthropic):

@@ -169,6 +169,11 @@ class Settings:
     receipt_retention_days: float | None  # None: keep every record
     receipt_secret: str | None  # None: generated once under RUN_DIR (one host only)
     bench_listen_port: int | None = None  # `make bench` only: a listener without the filter
+    # `make bench` only: listeners whose ext_proc filter talks to a pass-through server at
+    # bench_floor_extproc_port, exchanging 2 (no bodies) or 4 (bodies buffered) messages.
+    bench_floor2_port: int | None = None
+    bench_floor4_port: int | None = None
+    bench_floor_extproc_port: int | None = None
     envoy_access_log: Path | None = None  # None: RUN_DIR/logs/envoy-access.log
 
     @classmethod
@@ -180,6 +185,10 @@ class Settings:
         key = env.get("TLS_KEY_FILE", "").strip()
         if bool(cert) != bool(key):
             raise ConfigError("TLS_CERT_FILE and TLS_KEY_FILE must be set together")
+        # A floor listener without its server would answer every request 500.
+        floors = env.get("BENCH_FLOOR2_PORT", "") or env.get("BENCH_FLOOR4_PORT", "")
+        if floors and not env.get("BENCH_FLOOR_EXTPROC_PORT", ""):
+            raise ConfigError("BENCH_FLOOR2_PORT and BENCH_FLOOR4_PORT need BENCH_FLOOR_EXTPROC_PORT")
         return cls(
             listen_address=env.get("LISTEN_ADDRESS", "127.0.0.1"),
             listen_port=_int(env, "LISTEN_PORT", 10000, low=1, high=65535),
@@ -212,6 +221,9 @@ class Settings:
             receipt_retention_days=_optional_days(env, "RECEIPT_RETENTION_DAYS"),
             receipt_secret=_secret(env, "RECEIPT_SECRET", MIN_SECRET_CHARS),
             bench_listen_port=_optional_port(env, "BENCH_LISTEN_PORT"),
+            bench_floor2_port=_optional_port(env, "BENCH_FLOOR2_PORT"),
+            bench_floor4_port=_optional_port(env, "BENCH_FLOOR4_PORT"),
+            bench_floor_extproc_port=_optional_port(env, "BENCH_FLOOR_EXTPROC_PORT"),
             envoy_access_log=_optional_path(env, "ENVOY_ACCESS_LOG"),
         )
 

@@ -144,6 +144,11 @@ class Stack:
         ]
         if s.bench_listen_port is not None:
             wanted.append(("BENCH_LISTEN_PORT", s.listen_address, s.bench_listen_port))
+        # Not BENCH_FLOOR_EXTPROC_PORT: the bench's pass-through server holds it before Envoy starts.
+        if s.bench_floor2_port is not None:
+            wanted.append(("BENCH_FLOOR2_PORT", s.listen_address, s.bench_floor2_port))
+        if s.bench_floor4_port is not None:
+            wanted.append(("BENCH_FLOOR4_PORT", s.listen_address, s.bench_floor4_port))
         if s.redis_url is None:
             wanted.append(("embedded Redis port", "127.0.0.1", DEFAULT_REDIS_PORT))
         if self.needs_fake_upstream:

@@ -11,6 +11,13 @@ over the repetitions with their spread (min–max); "added" is filtered − unfi
 percentile, within one repetition. The in-process lines (pipeline MB/s, SSE restore) time the
 processor's own functions, without Envoy, in this one process (= one core).
 
+Two floors beside them, on two more listeners of the same Envoy (BENCH_FLOOR4_PORT,
+BENCH_FLOOR2_PORT): an ext_proc filter to the cheapest Python processor there is (tests.bench.floor,
+one process), which exchanges 4 messages (bodies buffered, our shape on a JSON exchange) or 2 (headers
+only) and changes nothing. The c=1 latency, c=16 throughput and time-to-first-token lines run them in
+the same rotation and give the filter's added time as a multiple of each floor's; the c=16 lines
+also give the CPU time per exchange of the stack's processes (/proc/PID/stat).
+
 Load generator: `HttpConnection` below, a small asyncio HTTP/1.1 client (raw asyncio streams,
 keep-alive connections, request bytes built once; it reads the status line and a content-length
 or chunked body, nothing else). Its ceiling is measured in the same run, against Envoy's
@@ -58,6 +65,7 @@ from ext_proc.transform.egress import check_body
 from ext_proc.transform.placeholders import PlaceholderMap
 from ext_proc.transform.walk import dump_json, parse_json
 from tests.bench import extensions
+from tests.bench.floor import FloorServer, floor_process
 from tests.bench.subjects import FILLER, GIVEN, STREETS, SURNAMES
 from tests.support.e2e import PERSON, SAMPLES, leaked
 from tests.support.harness import RunningStack, free_port, running_stack, write_policies
@@ -442,12 +450,18 @@ class Plan:
         return cls(5, 500, 5.0, 5, 5, 20, 8, 30.0)
 
 
+# The reference points beside the filter: Envoy without any filter, and the floors (tests.bench.floor).
+FLOORS = ("floor-4", "floor-2")
+
+
 @dataclass
 class Bench:
     stack: RunningStack
     plan: Plan
     upstream_port: int
     bench_port: int
+    floor: FloorServer
+    floor_ports: dict[str, int]  # FLOORS label → listener
 
     @property
     def filtered(self) -> int:
@@ -457,6 +471,18 @@ class Bench:
         """Both listeners, in an order that flips every repetition."""
         both = [("filtered", self.filtered), ("unfiltered", self.bench_port)]
         return both if rep % 2 == 0 else both[::-1]
+
+    def four(self, rep: int) -> list[tuple[str, int]]:
+        """The filtered and unfiltered listeners and the floors, in an order that turns every repetition."""
+        every = [*self.pair(0), *((label, self.floor_ports[label]) for label in FLOORS)]
+        return every[rep % len(every) :] + every[: rep % len(every)]
+
+    def pids(self) -> list[int]:
+        """Every process a request through Envoy may cost CPU in, but the fake upstream and this one:
+        Envoy, the ext_proc supervisor and its workers, Redis, the floor server."""
+        services = [service.process.pid for service in self.stack.stack.services]
+        redis = self.stack.redis.process if self.stack.redis is not None else None
+        return [*services, *worker_pids(self.stack), *([redis.pid] if redis else []), self.floor.pid]
 
     def run(self, coro: Any) -> Any:
         return asyncio.run(coro)
@@ -468,9 +494,9 @@ class Bench:
         return list(json.loads(reply.body))
 
     def check(self, name: str, source: bytes | Fresh) -> None:
-        """One request per listener: both 200; the filtered one reached the upstream redacted, the
-        unfiltered one untouched, so the lines below time what they claim to."""
-        for label, port in (("filtered", self.filtered), ("unfiltered", self.bench_port)):
+        """One request per listener: all 200; the filtered one reached the upstream redacted, the
+        unfiltered one and the floors untouched, so the lines below time what they claim to."""
+        for label, port in self.four(0):
             self.run(_post(self.upstream_port, "/_fake/clear"))
             reply = self.run(_send(port, next_request(source), keep=True))
             if reply.status != 200:
@@ -481,8 +507,8 @@ class Bench:
             leaks = leaked(seen["body"])
             if label == "filtered" and leaks:
                 raise SystemExit(f"bench: {name}: the upstream saw {leaks} through the filter")
-            if label == "unfiltered" and not leaks:
-                raise SystemExit(f"bench: {name}: the unfiltered listener changed the body")
+            if label != "filtered" and not leaks:
+                raise SystemExit(f"bench: {name}: the {label} listener changed the body")
 
 
 async def _send(port: int, request: bytes, **kw: Any) -> Reply:
@@ -505,41 +531,61 @@ async def _post(port: int, path: str) -> Reply:
 
 
 def latency_8k(b: Bench, cases: dict[str, tuple[bytes | Fresh, bool]]) -> list[Row]:
-    """Concurrency 1, one keep-alive connection per listener; added = filtered − unfiltered.
-    `cases`: name → (request, whether SPEC §13's line-1 target applies)."""
+    """Concurrency 1, one keep-alive connection per listener; added = filtered − unfiltered, and
+    each floor's own added time beside it. `cases`: name → (request, whether SPEC §13's line-1
+    target applies)."""
     rows = []
     for case, (request, targeted) in cases.items():
-        for _, port in b.pair(0):
+        for _, port in b.four(0):
             b.run(sequential(port, request, 30))  # warm-up: connections, caches, the subject compile
-        added: dict[float, list[float]] = {0.5: [], 0.99: []}
-        seen: dict[tuple[str, float], list[float]] = {}
+        seen: dict[tuple[str, float], list[float]] = {}  # (listener, quantile) → ms, one per repetition
         for rep in range(b.plan.reps):
-            got = {label: b.run(sequential(port, request, b.plan.latency_n)) for label, port in b.pair(rep)}
-            for q, values in added.items():
-                f, u = percentile(got["filtered"], q), percentile(got["unfiltered"], q)
-                values.append(ms(f - u))
-                seen.setdefault(("filtered", q), []).append(ms(f))
-                seen.setdefault(("unfiltered", q), []).append(ms(u))
+            got = {label: b.run(sequential(port, request, b.plan.latency_n)) for label, port in b.four(rep)}
+            for q in (0.5, 0.99):
+                for label, samples in got.items():
+                    seen.setdefault((label, q), []).append(ms(percentile(samples, q)))
         for q, name, limit in ((0.5, "p50", 1.0), (0.99, "p99", 3.0)):
-            f, u = statistics.median(seen["filtered", q]), statistics.median(seen["unfiltered", q])
+            at = {label: seen[label, q] for label in ("filtered", "unfiltered", *FLOORS)}
             rows.append(
                 Row(
                     f"added latency c=1, {case}, {name}",
                     "ms",
-                    added[q],
+                    added(at["filtered"], at["unfiltered"]),
                     Target("<=", limit, f"≤ {limit:g} ms") if targeted else None,
-                    f"filtered {f:.2f} / unfiltered {u:.2f} ms",
+                    against_floors(at),
                     signed=True,
                 )
             )
     return rows
 
 
+def added(listener: list[float], alone: list[float]) -> list[float]:
+    """What a listener adds to Envoy alone, per repetition (both measured in the same one)."""
+    return [x - u for x, u in zip(listener, alone, strict=True)]
+
+
+def against_floors(at: dict[str, list[float]]) -> str:
+    """The filtered time against Envoy alone (a ratio of the times), then its added time as a
+    multiple of each floor's: 'filtered 9.1 / Envoy alone 2.0 ms (×4.6); ×3.1 of floor-4 (+2.30
+    ms), ×4.5 of floor-2 (+1.60 ms)'. `at`: listener → ms per repetition."""
+    f, u = statistics.median(at["filtered"]), statistics.median(at["unfiltered"])
+    mine = statistics.median(added(at["filtered"], at["unfiltered"]))
+    parts = []
+    for label in FLOORS:
+        theirs = statistics.median(added(at[label], at["unfiltered"]))
+        times = f"×{mine / theirs:.1f}" if theirs > 0.01 else "× n/a"  # a floor lost in the noise
+        parts.append(f"{times} of {label} ({theirs:+.2f} ms)")
+    return f"filtered {f:.2f} / Envoy alone {u:.2f} ms (×{f / u:.1f}); " + ", ".join(parts)
+
+
 def throughput_8k(b: Bench, plain: Fresh, with_subjects: Fresh, conversation: Fresh) -> list[Row]:
-    """Concurrency 16 for a fixed time per line; the client's own ceiling measured beside (shorter)."""
+    """Concurrency 16 for a fixed time per line; the client's own ceiling measured beside (shorter).
+    Each through-Envoy line's CPU per exchange: the stack's processes (Bench.pids), before and after."""
     c, workers = 16, b.stack.settings.workers
     healthz = build_request("/healthz", b"", method="GET")
     target = Target(">=", 1500, "≥ 1,500 req/s")
+    alone = f"req/s c={c}, 8 KB chat, unfiltered listener"
+    floors = {label: f"req/s c={c}, 8 KB chat, {label} listener" for label in FLOORS}
     cases: dict[str, tuple[int, bytes | Fresh, float, Target | None]] = {
         f"req/s c={c}, WORKERS={workers}, 8 KB chat, no subjects": (b.filtered, plain, 1.0, target),
         f"req/s c={c}, WORKERS={workers}, 8 KB chat + 8 subjects": (b.filtered, with_subjects, 1.0, target),
@@ -549,24 +595,55 @@ def throughput_8k(b: Bench, plain: Fresh, with_subjects: Fresh, conversation: Fr
             1.0,
             target,
         ),
-        f"req/s c={c}, 8 KB chat, unfiltered listener": (b.bench_port, plain, 1.0, None),
+        alone: (b.bench_port, plain, 1.0, None),
+        **{name: (b.floor_ports[label], plain, 1.0, None) for label, name in floors.items()},
         "load generator ceiling: Envoy /healthz, no upstream": (b.bench_port, healthz, 0.4, None),
         "fake upstream alone (no Envoy), 8 KB chat": (b.upstream_port, plain, 0.4, None),
     }  # name: (port, request, share of the plan's seconds, target)
     for port, request, _, _ in cases.values():
         b.run(closed_loop(port, [request], c, 0.5))  # warm-up
     loads: dict[str, list[Load]] = {name: [] for name in cases}
+    cpu: dict[str, list[float]] = {name: [] for name in cases}  # ms per exchange
+    pids = b.pids()
     names = list(cases)
     for rep in range(b.plan.reps):
         for name in names[rep % len(names) :] + names[: rep % len(names)]:
             port, request, share, _ = cases[name]
-            loads[name].append(b.run(closed_loop(port, [request], c, b.plan.load_seconds * share)))
+            before = cpu_seconds(pids)
+            load = b.run(closed_loop(port, [request], c, b.plan.load_seconds * share))
+            cpu[name].append(ms(cpu_seconds(pids) - before) / max(load.done, 1))
+            loads[name].append(load)
+    rate = {name: statistics.median(load.rate for load in loads[name]) for name in cases}
     rows = []
-    for name, (_, _, _, line_target) in cases.items():
+    for name, (port, _, _, line_target) in cases.items():
         p50 = statistics.median(ms(percentile(load.latencies, 0.5)) for load in loads[name])
         failed = sum(load.failed for load in loads[name])
         detail = f"p50 {p50:.1f} ms" + (f"; {failed} failed" if failed else "")
+        if port == b.filtered:
+            shares = [f"{rate[name] / rate[alone]:.0%} of Envoy alone's req/s"]
+            shares += [f"{rate[name] / rate[floors[label]]:.0%} of {label}'s" for label in FLOORS]
+            detail += "; " + ", ".join(shares)
         rows.append(Row(name, "req/s", [load.rate for load in loads[name]], line_target, detail))
+    mine, floor4 = cpu[names[0]], cpu[floors["floor-4"]]
+    others = ", ".join(f"{label} {statistics.median(cpu[name]):.2f}" for label, name in floors.items())
+    rows += [
+        Row(
+            f"CPU/exchange c={c}, 8 KB chat, no subjects: filtered",
+            "ms",
+            mine,
+            None,
+            f"×{statistics.median(mine) / statistics.median(floor4):.1f} of floor-4's; {others}, "
+            f"Envoy alone {statistics.median(cpu[alone]):.2f} ms",
+        ),
+        Row(
+            f"CPU/exchange c={c}, 8 KB chat: floor-4",
+            "ms",
+            floor4,
+            None,
+            "all processes but the fake upstream and the client: Envoy, ext_proc supervisor and "
+            "workers, Redis, the floor server",
+        ),
+    ]
     return rows
 
 
@@ -638,23 +715,22 @@ def time_to_first_token(b: Bench) -> Row:
     body = {"model": "gpt-4o-mini", "stream": True, "messages": [{"role": "user", "content": question}]}
     spaced = {"x-fake-delta-chars": "8", "x-fake-delay-ms": "10"}
     request = build_request(CHAT, json.dumps(body).encode(), spaced)
-    added: list[float] = []
-    first: dict[str, list[float]] = {"filtered": [], "unfiltered": []}
-    spread: dict[str, list[float]] = {"filtered": [], "unfiltered": []}
+    first: dict[str, list[float]] = {}
+    spread: dict[str, list[float]] = {}
     for rep in range(b.plan.reps):
-        for label, port in b.pair(rep):
+        for label, port in b.four(rep):
             runs = [b.run(_timed_stream(port, request)) for _ in range(b.plan.ttft_n)]
-            first[label].append(ms(statistics.median(r.first for r in runs)))
-            spread[label].append(ms(statistics.median(r.last - r.first for r in runs)))
-        added.append(first["filtered"][-1] - first["unfiltered"][-1])
-    f, u = statistics.median(first["filtered"]), statistics.median(first["unfiltered"])
+            first.setdefault(label, []).append(ms(statistics.median(r.first for r in runs)))
+            spread.setdefault(label, []).append(ms(statistics.median(r.last - r.first for r in runs)))
+    spreads = " / ".join(
+        f"{statistics.median(spread[label]):.0f}" for label in ("filtered", "unfiltered", "floor-4")
+    )
     return Row(
         "time to first token, added (tokens 10 ms apart)",
         "ms",
-        added,
+        added(first["filtered"], first["unfiltered"]),
         Target("<=", 3.0, "≤ 3 ms (line 1)"),
-        f"filtered {f:.1f} / unfiltered {u:.1f} ms; first→last token "
-        f"{statistics.median(spread['filtered']):.0f} / {statistics.median(spread['unfiltered']):.0f} ms",
+        f"{against_floors(first)}; first→last token {spreads} ms (filtered / Envoy alone / floor-4)",
         signed=True,
     )
 
@@ -706,6 +782,19 @@ async def _timed_stream(port: int, request: bytes) -> Streamed:
 def worker_pids(stack: RunningStack) -> list[int]:
     """The ext_proc workers, from the pid each writes into RUN_DIR/extproc/worker-N.ready."""
     return [int(p.read_text()) for p in sorted((stack.settings.run_dir / "extproc").glob("worker-*.ready"))]
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time the processes `pids` have used so far (all their threads), in s."""
+    ticks = 0
+    for pid in pids:
+        # After the command name (which may hold spaces), utime and stime are the 12th and 13th fields.
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            continue  # a worker restarted: its time is lost, the line's figure a little low
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def status_mib(pids: list[int], name: str) -> float:
@@ -1076,7 +1165,19 @@ def find(sections: list[Section], prefix: str) -> list[Row]:
     return [row for _, rows in sections for row in rows if row.name.startswith(prefix)]
 
 
-def notes(sections: list[Section]) -> list[str]:
+def floor_note(shapes: dict[int, int]) -> str:
+    """What the floor server saw: streams by the number of messages each carried."""
+    counts = ", ".join(f"{streams:,} of {messages}" for messages, streams in sorted(shapes.items()))
+    return (
+        "floor-4 / floor-2: the same Envoy with an ext_proc filter to a pass-through server (tests/bench/"
+        "floor.py, one process) answering every message 'continue': request and reply bodies BUFFERED (4 "
+        "messages, our shape on a JSON exchange; a streamed reply switched to STREAMED, as ours) or not sent "
+        "(2). '×3 of floor-4 (+2.00 ms)': the filter adds 3 times what a processor of our shape adds at "
+        f"least. Its streams by messages: {counts or 'none seen'}."
+    )
+
+
+def notes(sections: list[Section], floor_shapes: dict[int, int]) -> list[str]:
     (ceiling,) = (row.value for row in find(sections, "load generator ceiling"))
     (upstream,) = (row.value for row in find(sections, "fake upstream alone"))
     best = max(row.value for row in find(sections, "req/s c=16, WORKERS"))
@@ -1086,6 +1187,7 @@ def notes(sections: list[Section]) -> list[str]:
         f"Envoy's /healthz, {ceiling / best:.0f}× the best filtered figure: not what limits those lines.",
         f"the unfiltered line is bounded by the fake upstream (one Python process: {upstream:,.0f} req/s "
         "alone); Envoy, the workers, Redis, the fake upstream and this client all share the machine's cores.",
+        floor_note(floor_shapes),
         "1 MB lines send `x-fake-reply: ok`: the reply is tiny and only the request path is timed. With the "
         "echo ('reply echoes it') the megabyte comes back with its placeholders, and the line also times "
         "its restore (the fake upstream's encoding of it is on both sides).",
@@ -1124,20 +1226,32 @@ def main(argv: list[str] | None = None) -> int:
     with_subjects = Fresh(build_request(CHAT, body, {**TINY_REPLY, "x-cordon-subject": header}))
     history = chat_body(8 * KB, per_message=2 * KB, person=True, marked="last")
     conversation = Fresh(build_request(CHAT, history, {**TINY_REPLY, "x-cordon-subject": header}))
-    with tempfile.TemporaryDirectory(prefix="cordon-bench-") as tmp, upstream_process() as upstream_port:
+    with (
+        tempfile.TemporaryDirectory(prefix="cordon-bench-") as tmp,
+        upstream_process() as upstream_port,
+        floor_process() as floor,
+    ):
         url = f"http://127.0.0.1:{upstream_port}"
         bench_port = free_port()
-        progress(f"starting the stack (WORKERS={args.workers}, filter-less listener on {bench_port})")
+        floor_ports = {label: free_port() for label in FLOORS}
+        progress(
+            f"starting the stack (WORKERS={args.workers}, filter-less listener on {bench_port}, "
+            + ", ".join(f"{label} on {port}" for label, port in floor_ports.items())
+            + ")"
+        )
         with running_stack(
             Path(tmp),
             workers=args.workers,
             LOG_LEVEL="WARNING",
             BENCH_LISTEN_PORT=str(bench_port),
+            BENCH_FLOOR4_PORT=str(floor_ports["floor-4"]),
+            BENCH_FLOOR2_PORT=str(floor_ports["floor-2"]),
+            BENCH_FLOOR_EXTPROC_PORT=str(floor.port),
             OPENAI_UPSTREAM=url,
             ANTHROPIC_UPSTREAM=url,
             tenants={extensions.TENANT: extensions.policy_text()},
         ) as stack:
-            bench = Bench(stack, plan, upstream_port, bench_port)
+            bench = Bench(stack, plan, upstream_port, bench_port, floor, floor_ports)
             if args.extensions:
                 sections = measure_extensions(bench, body, header)
             else:
@@ -1162,7 +1276,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nbench took {time.monotonic() - began:.0f} s")
         return 0
     print("\nnotes:")
-    for line in notes(sections):
+    for line in notes(sections, floor.shapes):
         print(f"- {line}")
     print(f"bench took {time.monotonic() - began:.0f} s")
     return 0

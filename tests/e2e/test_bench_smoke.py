@@ -1,18 +1,35 @@
 """The benchmark's own parts (tests/bench/run.py), cheaply: its HTTP client against the in-process fake
-upstream (content-length and chunked replies, keep-alive), and the requests it sends. No timings."""
+upstream (content-length and chunked replies, keep-alive), the requests it sends, the floors (the
+pass-through server of tests/bench/floor.py, the listeners Envoy gets for it) and how the table
+reads them. No timings."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
+import grpc
 import pytest
+import yaml
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from ext_proc.detect.subjects.header import parse_subject_header
+from ext_proc.runtime import bootstrap
+from ext_proc.runtime.config import ConfigError, Settings, parse_upstream
+from ext_proc.runtime.stack import Stack, StackError, envoy_binary
 from tests.bench import run as bench
+from tests.bench.floor import BUFFERED, STREAMED, floor_process
 from tests.support.e2e import PERSON, SAMPLES
 from tests.support.fake_upstream import FakeUpstream
+from tests.support.harness import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -128,3 +145,140 @@ def test_the_in_process_measurements_run() -> None:
     assert len(pieces) == 4 and all(seconds >= 0 for seconds in pieces)
     rows = bench.sse_restore(bench.Plan.for_run(quick=True))  # checks the restored text itself
     assert len(rows) == 3 and all(row.samples and row.target is not None for row in rows)
+
+
+# --- the floors -----------------------------------------------------------------------------------
+
+
+def headers(content_type: bytes | None = None) -> pb.HttpHeaders:
+    message = pb.HttpHeaders()
+    if content_type is not None:
+        message.headers.headers.append(base_pb2.HeaderValue(key="content-type", raw_value=content_type))
+    return message
+
+
+def test_the_floor_server_continues_every_phase_and_counts_streams() -> None:
+    """Each message is answered in its own phase, unchanged; a streamed reply is switched to
+    STREAMED only where the filter buffers reply bodies; the streams' lengths come back at the end."""
+    first = pb.ProcessingRequest(request_headers=headers())
+    first.protocol_config.response_body_mode = BUFFERED
+    json_reply = [
+        first,
+        pb.ProcessingRequest(request_body=pb.HttpBody(body=b"{}", end_of_stream=True)),
+        pb.ProcessingRequest(response_headers=headers(b"application/json")),
+        pb.ProcessingRequest(response_body=pb.HttpBody(body=b"{}", end_of_stream=True)),
+    ]
+    sse = pb.ProcessingRequest(response_headers=headers(b"text/event-stream; charset=utf-8"))
+    with floor_process() as server, grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        stub = pb_grpc.ExternalProcessorStub(channel)
+        replies = list(stub.Process(iter(json_reply)))
+        assert [r.WhichOneof("response") for r in replies] == [m.WhichOneof("request") for m in json_reply]
+        for reply in replies:
+            assert not reply.HasField("mode_override")
+            phase = getattr(reply, reply.WhichOneof("response"))
+            assert phase.response == pb.CommonResponse()  # nothing changed, nothing refused
+        (*_, switched) = stub.Process(iter([first, json_reply[1], sse]))
+        assert switched.mode_override.response_body_mode == STREAMED
+        (*_, kept) = stub.Process(iter([pb.ProcessingRequest(request_headers=headers()), sse]))
+        assert not kept.HasField("mode_override")  # a floor-2 stream: its filter sends no bodies
+    assert server.shapes == {4: 1, 3: 1, 2: 1}
+
+
+FLOOR_ENV = {
+    "OPENAI_UPSTREAM": "http://127.0.0.1:18080",
+    "ANTHROPIC_UPSTREAM": "http://127.0.0.1:18080",
+    "BENCH_FLOOR2_PORT": "18112",
+    "BENCH_FLOOR4_PORT": "18113",
+    "BENCH_FLOOR_EXTPROC_PORT": "18114",
+}
+
+
+def rendered(tmp: Path, env: dict[str, str]) -> dict[str, Any]:
+    settings = Settings.from_env(
+        {"RUN_DIR": str(tmp / "run"), "ENVOY_ACCESS_LOG": str(tmp / "access.log"), **env}
+    )
+    cert, key, _ = bootstrap.ensure_tls_material(settings)
+    openai, anthropic = (parse_upstream(name, "http://127.0.0.1:18080") for name in ("openai", "anthropic"))
+    text = bootstrap.render(
+        settings, openai=openai, anthropic=anthropic, cert=cert.resolve(), key=key.resolve()
+    )
+    (tmp / "envoy.yaml").write_text(text)
+    doc: dict[str, Any] = yaml.safe_load(text)
+    return doc
+
+
+def test_floor_listeners_and_their_cluster(tmp_path: Path) -> None:
+    """BENCH_FLOOR2_PORT / BENCH_FLOOR4_PORT: one listener each, the plain listener's routes, an
+    ext_proc filter with fixed body modes to the `bench_floor` cluster (HTTP/2, loopback); the real
+    Envoy accepts it. Without them nothing of it is rendered."""
+    without = rendered(tmp_path, {k: v for k, v in FLOOR_ENV.items() if "FLOOR" not in k})
+    assert "bench_floor" not in json.dumps(without)
+    doc = rendered(tmp_path, FLOOR_ENV)
+    listeners = {listener["name"]: listener for listener in doc["static_resources"]["listeners"]}
+    assert set(listeners) == {"plain", "tls", "bench_floor2", "bench_floor4"}
+
+    def manager(name: str) -> dict[str, Any]:
+        config: dict[str, Any] = listeners[name]["filter_chains"][0]["filters"][0]["typed_config"]
+        return config
+
+    for name, port, body in (("bench_floor2", 18112, "NONE"), ("bench_floor4", 18113, "BUFFERED")):
+        assert listeners[name]["address"]["socket_address"]["port_value"] == port
+        assert manager(name)["route_config"] == manager("plain")["route_config"]
+        ext_proc, router = manager(name)["http_filters"]
+        assert router["name"] == "envoy.filters.http.router"
+        config = ext_proc["typed_config"]
+        assert config["grpc_service"]["envoy_grpc"]["cluster_name"] == "bench_floor"
+        assert config["failure_mode_allow"] is False
+        modes = config["processing_mode"]
+        assert (modes["request_header_mode"], modes["response_header_mode"]) == ("SEND", "SEND")
+        assert (modes["request_body_mode"], modes["response_body_mode"]) == (body, body)
+    clusters = {cluster["name"]: cluster for cluster in doc["static_resources"]["clusters"]}
+    floor = clusters["bench_floor"]
+    endpoint = floor["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
+    assert endpoint["address"]["socket_address"] == {"address": "127.0.0.1", "port_value": 18114}
+    options = floor["typed_extension_protocol_options"][
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+    ]
+    assert "http2_protocol_options" in options["explicit_http_config"]
+    result = subprocess.run(
+        [envoy_binary(), "--mode", "validate", "-c", str(tmp_path / "envoy.yaml"), "--log-level", "warn"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_floor_listener_needs_its_server_and_a_free_port(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="BENCH_FLOOR_EXTPROC_PORT"):
+        Settings.from_env({"BENCH_FLOOR4_PORT": "18113"})
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        env = {name: str(free_port()) for name in ("LISTEN_PORT", "TLS_PORT", "ENVOY_ADMIN_PORT")}
+        env |= {"EXTPROC_PORT": str(free_port()), "METRICS_PORT": str(free_port()), "RUN_DIR": str(tmp_path)}
+        env |= {**FLOOR_ENV, "REDIS_URL": "redis://127.0.0.1:1/0", "BENCH_FLOOR2_PORT": str(taken)}
+        with pytest.raises(StackError, match="BENCH_FLOOR2_PORT"):
+            Stack(Settings.from_env(env), quiet=True)._check_ports()
+
+
+def test_the_floors_in_the_table() -> None:
+    """A line's details: filtered against Envoy alone, then its added time in floors' added times."""
+    at = {
+        "filtered": [9.0, 9.2],
+        "unfiltered": [2.0, 2.0],
+        "floor-4": [4.3, 4.3],
+        "floor-2": [3.6, 3.6],
+    }
+    assert bench.added(at["filtered"], at["unfiltered"]) == pytest.approx([7.0, 7.2])
+    assert bench.against_floors(at) == (
+        "filtered 9.10 / Envoy alone 2.00 ms (×4.5); ×3.1 of floor-4 (+2.30 ms), ×4.4 of floor-2 (+1.60 ms)"
+    )
+    note = bench.floor_note({2: 10, 4: 12, 9: 1})
+    assert "10 of 2, 12 of 4, 1 of 9" in note
+    before = bench.cpu_seconds([os.getpid()])
+    sum(i * i for i in range(3_000_000))  # a little CPU time, enough for a clock tick or more
+    assert bench.cpu_seconds([os.getpid()]) > before
+    assert bench.cpu_seconds([2**22 + 1]) == 0  # a process that is gone counts nothing
