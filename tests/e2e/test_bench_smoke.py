@@ -1,4 +1,4 @@
-"""The benchmark's own parts (tests/bench/run.py), cheaply: its HTTP client against the in-process fake
+"""The benchmark's own parts (tests/bench/), cheaply: its HTTP client against the in-process fake
 upstream (content-length and chunked replies, keep-alive), the requests it sends, the floors (the
 pass-through server of tests/bench/floor.py, the listeners Envoy gets for it) and how the table
 reads them. No timings."""
@@ -25,7 +25,7 @@ from ext_proc.detect.subjects.header import parse_subject_header
 from ext_proc.runtime import bootstrap
 from ext_proc.runtime.config import ConfigError, Settings, parse_upstream
 from ext_proc.runtime.stack import Stack, StackError, envoy_binary
-from tests.bench import run as bench
+from tests.bench import bodies, client, in_process, run, stack_lines, table
 from tests.bench.floor import BUFFERED, STREAMED, floor_process
 from tests.support.e2e import PERSON, SAMPLES
 from tests.support.fake_upstream import FakeUpstream
@@ -47,10 +47,10 @@ def chat(**extra: object) -> bytes:
 
 
 def test_content_length_replies_on_one_kept_alive_connection(fake: FakeUpstream) -> None:
-    async def two() -> list[bench.Reply]:
-        connection = bench.HttpConnection("127.0.0.1", fake.port)
+    async def two() -> list[client.Reply]:
+        connection = client.HttpConnection("127.0.0.1", fake.port)
         try:
-            request = bench.build_request(bench.CHAT, chat(), {"x-fake-reply": "ok"})
+            request = client.build_request(bodies.CHAT, chat(), {"x-fake-reply": "ok"})
             first = await connection.send(request, keep=True)
             writer = connection._writer
             second = await connection.send(request, keep=True)
@@ -66,8 +66,8 @@ def test_content_length_replies_on_one_kept_alive_connection(fake: FakeUpstream)
 
 def test_chunked_reply_is_read_whole_and_seen_as_it_arrives(fake: FakeUpstream) -> None:
     pieces: list[bytes] = []
-    request = bench.build_request(bench.CHAT, chat(stream=True), {"x-fake-chunk-bytes": "7"})
-    reply = asyncio.run(bench._send(fake.port, request, keep=True, on_body=pieces.append))
+    request = client.build_request(bodies.CHAT, chat(stream=True), {"x-fake-chunk-bytes": "7"})
+    reply = asyncio.run(client.send(fake.port, request, keep=True, on_body=pieces.append))
     assert reply.status == 200
     assert len(pieces) > 10  # chunk by chunk, 7 bytes each
     assert b"".join(pieces) == reply.body
@@ -81,69 +81,71 @@ def test_chunked_reply_is_read_whole_and_seen_as_it_arrives(fake: FakeUpstream) 
 
 
 def test_error_status_and_get(fake: FakeUpstream) -> None:
-    missing = asyncio.run(bench._send(fake.port, bench.build_request("/v1/nowhere", b"{}"), keep=True))
+    missing = asyncio.run(client.send(fake.port, client.build_request("/v1/nowhere", b"{}"), keep=True))
     assert missing.status == 404
     assert json.loads(missing.body)["error"]
-    health = asyncio.run(bench._get(fake.port, "/_fake/health"))
+    health = asyncio.run(client.get(fake.port, "/_fake/health"))
     assert health.status == 200 and json.loads(health.body)["ok"] is True
 
 
 def test_closed_loop_counts_answers(fake: FakeUpstream) -> None:
-    request = bench.build_request(bench.CHAT, chat(), {"x-fake-reply": "ok"})
-    load = asyncio.run(bench.closed_loop(fake.port, [request], 2, 0.2))
+    request = client.build_request(bodies.CHAT, chat(), {"x-fake-reply": "ok"})
+    load = asyncio.run(client.closed_loop(fake.port, [request], 2, 0.2))
     assert load.done > 0 and load.failed == 0
     assert load.statuses == {200: load.done} and len(load.latencies) == load.done
 
 
 @pytest.mark.parametrize("head", [b"SSH-2.0-OpenSSH\r\n\r\n", b"HTTP/1.1 abc OK\r\n\r\n"])
 def test_a_head_that_is_not_http_is_an_error(head: bytes) -> None:
-    with pytest.raises(bench.HttpError):
-        bench._parse_head(head)
+    with pytest.raises(client.HttpError):
+        client._parse_head(head)
 
 
 def test_chunked_and_length_heads() -> None:
-    assert bench._parse_head(b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\n") == (200, 12, False, False)
+    assert client._parse_head(b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\n") == (200, 12, False, False)
     chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
-    assert bench._parse_head(chunked) == (200, None, True, True)
+    assert client._parse_head(chunked) == (200, None, True, True)
 
 
 def test_the_bench_requests() -> None:
     """About 8 KB, dense with catalog values and the declared person's; a header of 8 subjects."""
-    body = bench.chat_body(8 * bench.KB, per_message=2 * bench.KB, person=True)
-    assert 7 * bench.KB < len(body) < 9 * bench.KB
-    catalog, person = bench.values_in(body)
+    body = bodies.chat_body(8 * bodies.KB, per_message=2 * bodies.KB, person=True)
+    assert 7 * bodies.KB < len(body) < 9 * bodies.KB
+    catalog, person = bodies.values_in(body)
     assert catalog >= 30 and person >= 10
     assert SAMPLES["EMAIL"] in body.decode() and PERSON["names"][0] in body.decode()
-    header = parse_subject_header(bench.subject_header())
+    header = parse_subject_header(bodies.subject_header())
     assert len(header.subjects) == 8
-    one_field = json.loads(bench.chat_body(bench.MB, per_message=bench.MB))
+    one_field = json.loads(bodies.chat_body(bodies.MB, per_message=bodies.MB))
     assert [m["role"] for m in one_field["messages"]] == ["system", "user"]
-    assert bench.percentile([3.0, 1.0, 2.0, 4.0], 0.5) == 2.0
-    assert bench.percentile([float(i) for i in range(100)], 0.99) == 98.0
+    assert table.percentile([3.0, 1.0, 2.0, 4.0], 0.5) == 2.0
+    assert table.percentile([float(i) for i in range(100)], 0.99) == 98.0
 
 
 def test_fresh_requests_differ_in_every_message_and_keep_their_size() -> None:
     """Cold lines send strings the processor has never seen; the conversation line varies only the
     last turn, as an agent resending its history does."""
-    fresh = bench.Fresh(bench.chat_body(8 * bench.KB, per_message=2 * bench.KB, person=True))
+    fresh = bodies.Fresh(bodies.chat_body(8 * bodies.KB, per_message=2 * bodies.KB, person=True))
     first, second = fresh(), fresh()
-    assert len(first) == len(second) and bench.MARK not in first
+    assert len(first) == len(second) and bodies.MARK not in first
     one, two = (json.loads(raw)["messages"] for raw in (first, second))
     assert all(a["content"] != b["content"] for a, b in zip(one[1:], two[1:], strict=True))
     assert one[0] == two[0]  # the system prompt carries no mark
-    history = bench.Fresh(bench.chat_body(8 * bench.KB, per_message=2 * bench.KB, person=True, marked="last"))
+    history = bodies.Fresh(
+        bodies.chat_body(8 * bodies.KB, per_message=2 * bodies.KB, person=True, marked="last")
+    )
     one, two = (json.loads(history())["messages"] for _ in range(2))
     assert one[:-1] == two[:-1] and one[-1] != two[-1]
     with pytest.raises(ValueError):
-        bench.Fresh(b"no mark here")
+        bodies.Fresh(b"no mark here")
 
 
 def test_the_in_process_measurements_run() -> None:
     """The pipeline and SSE lines call the processor's own functions: they still fit (no timings)."""
-    once = bench.pipeline_timer()
-    pieces = once(bench.chat_body(8 * bench.KB, per_message=2 * bench.KB, person=True))
+    once = in_process.pipeline_timer()
+    pieces = once(bodies.chat_body(8 * bodies.KB, per_message=2 * bodies.KB, person=True))
     assert len(pieces) == 4 and all(seconds >= 0 for seconds in pieces)
-    rows = bench.sse_restore(bench.Plan.for_run(quick=True))  # checks the restored text itself
+    rows = in_process.sse_restore(table.Plan.for_run(quick=True))  # checks the restored text itself
     assert len(rows) == 3 and all(row.samples and row.target is not None for row in rows)
 
 
@@ -272,13 +274,13 @@ def test_the_floors_in_the_table() -> None:
         "floor-4": [4.3, 4.3],
         "floor-2": [3.6, 3.6],
     }
-    assert bench.added(at["filtered"], at["unfiltered"]) == pytest.approx([7.0, 7.2])
-    assert bench.against_floors(at) == (
+    assert stack_lines.added(at["filtered"], at["unfiltered"]) == pytest.approx([7.0, 7.2])
+    assert stack_lines.against_floors(at) == (
         "filtered 9.10 / Envoy alone 2.00 ms (×4.5); ×3.1 of floor-4 (+2.30 ms), ×4.4 of floor-2 (+1.60 ms)"
     )
-    note = bench.floor_note({2: 10, 4: 12, 9: 1})
+    note = run.floor_note({2: 10, 4: 12, 9: 1})
     assert "10 of 2, 12 of 4, 1 of 9" in note
-    before = bench.cpu_seconds([os.getpid()])
+    before = stack_lines.cpu_seconds([os.getpid()])
     sum(i * i for i in range(3_000_000))  # a little CPU time, enough for a clock tick or more
-    assert bench.cpu_seconds([os.getpid()]) > before
-    assert bench.cpu_seconds([2**22 + 1]) == 0  # a process that is gone counts nothing
+    assert stack_lines.cpu_seconds([os.getpid()]) > before
+    assert stack_lines.cpu_seconds([2**22 + 1]) == 0  # a process that is gone counts nothing

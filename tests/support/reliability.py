@@ -3,7 +3,7 @@ every reply and on everything the fake upstream received, and the measurements (
 open files, Envoy's gauges, scans of logs, metrics and Redis for any value).
 
 The load is a closed loop of `clients` connections (keep-alive, raw asyncio HTTP/1.1: it needs
-the reply headers, whole bodies and a hang guard per request, which tests/bench/run.py's client does
+the reply headers, whole bodies and a hang guard per request, which tests/bench/client.py does
 not keep). Request `n` takes shape `SHAPES[n % len(SHAPES)]`: every dialect, streamed or not, with
 or without `X-Cordon-Subject`, on two tenants. Its user text carries every catalog sample, and a
 subject request's text every declared value of the person too, plus the number `n`, so each
