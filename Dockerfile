@@ -61,13 +61,15 @@ ENV POLICY_DIR=/etc/cordon/policies \
 
 USER 10001:10001
 
-# EXTPROC_PORT (gRPC, ext_proc and grpc.health.v1) and METRICS_PORT (Prometheus text).
+# EXTPROC_PORT (gRPC, ext_proc and grpc.health.v1: worker i listens on EXTPROC_PORT + i, so
+# 50051 up to 50050 + WORKERS) and METRICS_PORT (Prometheus text).
 EXPOSE 50051 9464
 
-# Every worker answers gRPC health on the one port; the default service is readiness: SERVING
-# while Redis answers (the `liveness` service only says the worker answers).
+# Every worker answers gRPC health on its own port; the default service is readiness: SERVING
+# while Redis answers (the `liveness` service only says the worker answers). Healthy when every
+# worker is.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \
-  CMD ["python", "-c", "import sys; from ext_proc.runtime.config import Settings; from ext_proc.runtime.stack import grpc_serving; s = Settings.from_env(); sys.exit(0 if grpc_serving(s.extproc_address, s.extproc_port) else 1)"]
+  CMD ["python", "-c", "import sys; from ext_proc.runtime.config import Settings; from ext_proc.runtime.stack import grpc_serving; s = Settings.from_env(); sys.exit(0 if all(grpc_serving(s.extproc_address, p) for p in s.extproc_ports) else 1)"]
 
 CMD ["python", "-m", "ext_proc", "serve"]
 

@@ -1,6 +1,6 @@
 """`python -m ext_proc …` (also the `cordon-ext-proc` console script).
 
-serve           the gRPC server: WORKERS worker processes on EXTPROC_PORT
+serve           the gRPC server: WORKERS worker processes, worker i on EXTPROC_PORT + i
 scan            detect in text from stdin (or --jsonl records); prints findings, never values
 policy check    validate a policy directory (for the platform team's CI)
 receipts verify re-hash the receipt chains in Redis from their first record (for auditors),
@@ -36,6 +36,10 @@ def _settings(args: argparse.Namespace) -> Settings:
         from dataclasses import replace
 
         settings = replace(settings, **overrides)
+        try:
+            settings.check_extproc_ports()
+        except ConfigError as exc:
+            raise SystemExit(f"configuration error: {exc}") from None
     return settings
 
 
@@ -140,7 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="run the ext_proc gRPC server")
     serve.add_argument("--workers", type=int, help="worker processes (default: WORKERS or the core count)")
-    serve.add_argument("--port", type=int, help="gRPC port (default: EXTPROC_PORT)")
+    serve.add_argument(
+        "--port", type=int, help="worker 0's gRPC port; worker i listens on PORT + i (default: EXTPROC_PORT)"
+    )
     serve.add_argument("--worker-index", type=int, help=argparse.SUPPRESS)
     serve.set_defaults(func=cmd_serve)
 

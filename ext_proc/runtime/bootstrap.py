@@ -156,6 +156,16 @@ def render_filters(settings: Settings) -> str:
     return textwrap.indent(ext_proc + ROUTER_FILTER, " " * 10)
 
 
+def render_extproc_endpoints(settings: Settings) -> str:
+    """The ext_proc cluster's endpoints: worker i's port, EXTPROC_PORT + i, for every worker."""
+    address = settings.extproc_address
+    endpoints = [
+        f'- endpoint:\n    address:\n      socket_address: {{address: "{address}", port_value: {port}}}'
+        for port in settings.extproc_ports
+    ]
+    return textwrap.indent("\n".join(endpoints), " " * 8)
+
+
 def render_bench_listener(settings: Settings) -> str:
     """`make bench` only (BENCH_LISTEN_PORT): the plain listener without the ext_proc filter.
 
@@ -214,8 +224,8 @@ def render_floor_listeners(settings: Settings) -> str:
 
 
 def render_floor_cluster(settings: Settings) -> str:
-    """The cluster of the floors' server: HTTP/2 with the ext_proc cluster's windows and
-    connection reuse, so a floor differs from our processor in what its server does only."""
+    """The cluster of the floors' server: HTTP/2 with the ext_proc cluster's windows, so a floor
+    differs from our processor in what its server does only."""
     if settings.bench_floor_extproc_port is None or (
         settings.bench_floor2_port is None and settings.bench_floor4_port is None
     ):
@@ -228,8 +238,6 @@ def render_floor_cluster(settings: Settings) -> str:
           typed_extension_protocol_options:
             envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
               "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-              common_http_protocol_options:
-                max_requests_per_connection: 100
               explicit_http_config:
                 http2_protocol_options:
                   initial_stream_window_size: 16777216
@@ -312,8 +320,7 @@ def render(settings: Settings, *, openai: Upstream, anthropic: Upstream, cert: P
         "TLS_PORT": settings.tls_port,
         "MAX_BODY_BYTES": settings.max_body_bytes,
         "STREAM_IDLE_TIMEOUT": STREAM_IDLE_TIMEOUT,
-        "EXTPROC_ADDRESS": settings.extproc_address,
-        "EXTPROC_PORT": settings.extproc_port,
+        "EXTPROC_ENDPOINTS": render_extproc_endpoints(settings),
         "TLS_CERT_FILE": cert,
         "TLS_KEY_FILE": key,
         "ROUTES": render_routes(),

@@ -189,7 +189,7 @@ class Settings:
         floors = env.get("BENCH_FLOOR2_PORT", "") or env.get("BENCH_FLOOR4_PORT", "")
         if floors and not env.get("BENCH_FLOOR_EXTPROC_PORT", ""):
             raise ConfigError("BENCH_FLOOR2_PORT and BENCH_FLOOR4_PORT need BENCH_FLOOR_EXTPROC_PORT")
-        return cls(
+        settings = cls(
             listen_address=env.get("LISTEN_ADDRESS", "127.0.0.1"),
             listen_port=_int(env, "LISTEN_PORT", 10000, low=1, high=65535),
             tls_port=_int(env, "TLS_PORT", 10443, low=1, high=65535),
@@ -226,6 +226,23 @@ class Settings:
             bench_floor_extproc_port=_optional_port(env, "BENCH_FLOOR_EXTPROC_PORT"),
             envoy_access_log=_optional_path(env, "ENVOY_ACCESS_LOG"),
         )
+        settings.check_extproc_ports()
+        return settings
+
+    @property
+    def extproc_ports(self) -> range:
+        """Worker i's gRPC port is EXTPROC_PORT + i; Envoy's ext_proc cluster lists them all."""
+        return range(self.extproc_port, self.extproc_port + self.workers)
+
+    def check_extproc_ports(self) -> None:
+        last = self.extproc_ports[-1]
+        if last > 65535:
+            raise ConfigError(f"EXTPROC_PORT + WORKERS - 1 is {last}: the workers' ports must end by 65535")
+        if self.metrics_port in self.extproc_ports:
+            raise ConfigError(
+                f"METRICS_PORT {self.metrics_port} is one of the workers' ports "
+                f"(EXTPROC_PORT {self.extproc_port} to {last}, one per worker)"
+            )
 
     @property
     def effective_redis_url(self) -> str:

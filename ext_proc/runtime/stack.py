@@ -139,8 +139,12 @@ class Stack:
             ("LISTEN_PORT", s.listen_address, s.listen_port),
             ("TLS_PORT", s.listen_address, s.tls_port),
             ("ENVOY_ADMIN_PORT", "127.0.0.1", s.envoy_admin_port),
-            ("EXTPROC_PORT", s.extproc_address, s.extproc_port),
             ("METRICS_PORT", s.extproc_address, s.metrics_port),
+        ]
+        # Worker i listens on EXTPROC_PORT + i.
+        wanted += [
+            (f"EXTPROC_PORT + {i}, worker {i}" if i else "EXTPROC_PORT", s.extproc_address, port)
+            for i, port in enumerate(s.extproc_ports)
         ]
         if s.bench_listen_port is not None:
             wanted.append(("BENCH_LISTEN_PORT", s.listen_address, s.bench_listen_port))
@@ -153,6 +157,11 @@ class Stack:
             wanted.append(("embedded Redis port", "127.0.0.1", DEFAULT_REDIS_PORT))
         if self.needs_fake_upstream:
             wanted.append(("FAKE_UPSTREAM_PORT", "127.0.0.1", s.fake_upstream_port))
+        named: dict[int, str] = {}
+        for name, _host, port in wanted:
+            if port in named:
+                raise StackError(f"port {port} is both {named[port]} and {name}: give each its own")
+            named[port] = name
         for name, host, port in wanted:
             if not port_free(host, port):
                 raise StackError(
@@ -242,8 +251,8 @@ class Stack:
             self._check_alive(extproc)
             # Alive is enough to go on: a worker whose Redis does not answer yet is up, not ready
             # (/readyz says so), and becomes ready on its own once Redis answers.
-            if all(ready_file(s, i).exists() for i in range(s.workers)) and grpc_serving(
-                s.extproc_address, s.extproc_port, service=LIVENESS_SERVICE
+            if all(ready_file(s, i).exists() for i in range(s.workers)) and workers_serving(
+                s, service=LIVENESS_SERVICE
             ):
                 return
             time.sleep(0.1)
@@ -290,6 +299,10 @@ def _host(address: str) -> str:
     return f"[{address}]" if ":" in address else address
 
 
+def _port_range(ports: range) -> str:
+    return str(ports[0]) if len(ports) == 1 else f"{ports[0]}-{ports[-1]}"
+
+
 def _wrap_output(process: subprocess.Popen[bytes], log_path: Path, name: str) -> None:
     assert process.stdout is not None
     with open(log_path, "ab") as log_file:
@@ -313,6 +326,11 @@ def grpc_serving(address: str, port: int, service: str = "") -> bool:
     return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
 
 
+def workers_serving(settings: Settings, service: str = "") -> bool:
+    """gRPC health of every worker, each on its own port (EXTPROC_PORT + i)."""
+    return all(grpc_serving(settings.extproc_address, port, service) for port in settings.extproc_ports)
+
+
 def banner(settings: Settings, *, detached: bool = False) -> str:
     host = _host(settings.listen_address)
     base = f"http://{host}:{settings.listen_port}"
@@ -322,7 +340,8 @@ def banner(settings: Settings, *, detached: bool = False) -> str:
         f"  plain listener   {base}   (OPENAI_BASE_URL={base}/v1, ANTHROPIC_BASE_URL={base})",
         f"  TLS listener     https://{host}:{settings.tls_port}   (CA: {settings.run_dir}/tls/ca.pem)",
         f"  Envoy admin      http://127.0.0.1:{settings.envoy_admin_port}",
-        f"  ext_proc gRPC    {settings.extproc_address}:{settings.extproc_port} ({settings.workers} workers)",
+        f"  ext_proc gRPC    {settings.extproc_address}:{_port_range(settings.extproc_ports)} "
+        f"({settings.workers} workers, one port each)",
         f"  metrics          http://{_host(settings.extproc_address)}:{settings.metrics_port}/metrics",
         f"  logs and pids    {settings.run_dir}/logs, {settings.run_dir}/pids",
     ]

@@ -52,6 +52,9 @@ METRICS_SECONDS = 1.0
 READY_SECONDS = 1.0
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+# The exit code of a worker whose port is taken: the supervisor stops with an error naming the
+# port instead of restarting it, since another try would find the port taken again.
+PORT_TAKEN = 69
 
 
 class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]  # generated, untyped
@@ -202,7 +205,9 @@ async def run_worker(settings: Settings, index: int) -> None:
     limit = settings.grpc_message_limit
     server = grpc.aio.server(
         options=[
-            ("grpc.so_reuseport", 1),
+            # grpcio shares a port with any other SO_REUSEPORT listener by default: a second
+            # server on this worker's port would then take part of its connections unnoticed.
+            ("grpc.so_reuseport", 0),
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
         ]
@@ -210,16 +215,20 @@ async def run_worker(settings: Settings, index: int) -> None:
     pb_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(runtime), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    address = f"{settings.extproc_address}:{settings.extproc_port}"
-    if server.add_insecure_port(address) == 0:
-        raise SystemExit(f"worker {index}: cannot bind {address}")
+    port = settings.extproc_port + index
+    host = settings.extproc_address
+    try:
+        server.add_insecure_port(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+    except RuntimeError:
+        log.critical(json.dumps({"event": "worker_port_taken", "worker": index, "port": port}))
+        raise SystemExit(PORT_TAKEN) from None
     await server.start()
     await health_servicer.set(LIVENESS_SERVICE, SERVING)
     readiness = asyncio.create_task(watch_readiness(store, runtime, health_servicer, index))
     marker = ready_file(settings, index)
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text(str(os.getpid()))
-    log.info('{"event":"worker_serving","worker":%d,"pid":%d}', index, os.getpid())
+    log.info('{"event":"worker_serving","worker":%d,"port":%d,"pid":%d}', index, port, os.getpid())
 
     stop = asyncio.Event()
     reload = asyncio.Event()

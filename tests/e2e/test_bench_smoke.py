@@ -260,7 +260,8 @@ def test_a_floor_listener_needs_its_server_and_a_free_port(tmp_path: Path) -> No
         holder.listen()
         taken = holder.getsockname()[1]
         env = {name: str(free_port()) for name in ("LISTEN_PORT", "TLS_PORT", "ENVOY_ADMIN_PORT")}
-        env |= {"EXTPROC_PORT": str(free_port()), "METRICS_PORT": str(free_port()), "RUN_DIR": str(tmp_path)}
+        env |= {"EXTPROC_PORT": str(free_port()), "WORKERS": "1", "METRICS_PORT": str(free_port())}
+        env["RUN_DIR"] = str(tmp_path)
         env |= {**FLOOR_ENV, "REDIS_URL": "redis://127.0.0.1:1/0", "BENCH_FLOOR2_PORT": str(taken)}
         with pytest.raises(StackError, match="BENCH_FLOOR2_PORT"):
             Stack(Settings.from_env(env), quiet=True)._check_ports()

@@ -1,6 +1,6 @@
 """Operations through the real stack: /readyz following Redis, a bad REDIS_URL failing at once,
-the JSON logs and Envoy's access log, unknown paths without receipts, and Envoy's own 413 in the
-provider's error shape."""
+every worker getting a share of the exchanges, the JSON logs and Envoy's access log, unknown paths
+without receipts, and Envoy's own 413 in the provider's error shape."""
 
 from __future__ import annotations
 
@@ -9,13 +9,16 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import redis
 
-from ext_proc.runtime.stack import grpc_serving
+from ext_proc.audit.metrics import metrics_dir
+from ext_proc.runtime.stack import grpc_serving, workers_serving
 from tests.support.e2e import SENTENCE, chat_body, leaked, request
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.harness import RunningStack, running_stack, stack_env, write_policies
@@ -92,6 +95,42 @@ def test_readyz_follows_redis(tmp_path: Path) -> None:
         log = (s.run_dir / "logs" / "ext_proc.log").read_text()
         events = [json.loads(line)["event"] for line in log.splitlines() if '"event"' in line]
         assert "worker_not_ready" in events and "worker_ready" in events
+
+
+# --- balancing ----------------------------------------------------------------------------------
+
+
+def exchanges_by_worker(stack: RunningStack) -> Counter[int]:
+    """cordon_exchanges_total per worker index, from the snapshots the workers publish under
+    RUN_DIR about once a second."""
+    totals: Counter[int] = Counter()
+    for path in metrics_dir(stack.settings.run_dir).glob("worker-*.json"):
+        try:
+            snapshot = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # being replaced right now
+        index = int(path.name.split("-")[1])
+        totals[index] += sum(v for name, _, v in snapshot["counters"] if name == "cordon_exchanges_total")
+    return totals
+
+
+def test_every_worker_serves_a_share(stack: RunningStack) -> None:
+    """Worker i listens on EXTPROC_PORT + i and Envoy balances the ext_proc cluster by least
+    request: of 40 requests sent 4 at a time, each of the 2 workers serves more than a fifth."""
+    s = stack.settings
+    assert s.workers == 2 and workers_serving(s)
+    before = exchanges_by_worker(stack)
+
+    def send(_: int) -> int:
+        return request(s.listen_port, "POST", CHAT, chat_body("hello")).status
+
+    with ThreadPoolExecutor(4) as pool:
+        statuses = list(pool.map(send, range(40)))
+    assert statuses == [200] * 40
+    wait_for(lambda: sum((exchanges_by_worker(stack) - before).values()) >= 40, 5)
+    share = exchanges_by_worker(stack) - before
+    print(f"\nexchanges per worker: {dict(sorted(share.items()))}")
+    assert sorted(share) == [0, 1] and all(count > 40 / 5 for count in share.values()), dict(share)
 
 
 # --- configuration ------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from ext_proc.runtime import bootstrap
 from ext_proc.runtime.config import ConfigError, Settings, parse_upstream
 from ext_proc.runtime.hcm import READY_ROUTE
 from ext_proc.runtime.stack import Stack, StackError, envoy_binary
-from tests.support.harness import free_port
+from tests.support.harness import free_port, free_ports
 
 MAX_BODY = 1_048_576  # not the default, so a hard-coded limit would show
 EXT_PROC = "envoy.filters.http.ext_proc"
@@ -59,6 +59,7 @@ def render_case(case: str, tmp: Path, **extra: str) -> Rendered:
         "TLS_PORT": "18443",
         "ENVOY_ADMIN_PORT": "19901",
         "EXTPROC_PORT": "15051",
+        "WORKERS": "2",  # not the core count, so the endpoints do not depend on the machine
         "MAX_BODY_BYTES": str(MAX_BODY),
         "UPSTREAM_CA_FILE": str(gen_ca),  # any readable CA bundle: keeps the test hermetic
     }
@@ -193,16 +194,48 @@ def test_admin_listens_on_loopback_only(rendered: Rendered) -> None:
     assert rendered.doc["admin"]["address"]["socket_address"] == {"address": "127.0.0.1", "port_value": 19901}
 
 
+def extproc_endpoints(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    (locality,) = clusters(doc)["ext_proc"]["load_assignment"]["endpoints"]
+    return [item["endpoint"]["address"]["socket_address"] for item in locality["lb_endpoints"]]
+
+
 def test_ext_proc_cluster(rendered: Rendered) -> None:
-    """The processor cluster speaks HTTP/2 to EXTPROC_ADDRESS:EXTPROC_PORT and is health-checked."""
+    """The processor cluster speaks HTTP/2 to one endpoint per worker (EXTPROC_PORT + i), balanced
+    by least request, each health-checked every second and ejected when it refuses a connection;
+    connections are never retired early."""
     cluster = clusters(rendered.doc)["ext_proc"]
-    endpoint = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
-    assert endpoint["address"]["socket_address"] == {"address": "127.0.0.1", "port_value": 15051}
+    assert extproc_endpoints(rendered.doc) == [
+        {"address": "127.0.0.1", "port_value": 15051},
+        {"address": "127.0.0.1", "port_value": 15052},
+    ]
+    assert cluster["lb_policy"] == "LEAST_REQUEST"
     options = cluster["typed_extension_protocol_options"][
         "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
     ]
     assert "http2_protocol_options" in options["explicit_http_config"]
-    assert "grpc_health_check" in cluster["health_checks"][0]
+    assert "common_http_protocol_options" not in options  # no max_requests_per_connection
+    (check,) = cluster["health_checks"]
+    assert check["grpc_health_check"] == {"service_name": "liveness"}
+    assert check["interval"] == check["no_traffic_interval"] == "1s"
+    # Ejected at the first refused connection, never for an answer (5xx or gRPC error).
+    outliers = cluster["outlier_detection"]
+    assert outliers["split_external_local_origin_errors"] is True
+    assert outliers["consecutive_local_origin_failure"] == 1
+    assert outliers["enforcing_consecutive_local_origin_failure"] == 100
+    assert outliers["enforcing_consecutive_5xx"] == outliers["enforcing_success_rate"] == 0
+    assert outliers["max_ejection_percent"] == 100
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_ext_proc_cluster_lists_every_worker(workers: int, tmp_path: Path) -> None:
+    """WORKERS endpoints on consecutive ports from EXTPROC_PORT, at EXTPROC_ADDRESS; Envoy accepts
+    the file."""
+    case = render_case("plain-http", tmp_path, WORKERS=str(workers), EXTPROC_ADDRESS="::1")
+    assert extproc_endpoints(case.doc) == [
+        {"address": "::1", "port_value": 15051 + i} for i in range(workers)
+    ]
+    assert clusters(case.doc)["ext_proc"]["lb_policy"] == "LEAST_REQUEST"
+    assert_envoy_accepts(case.path)
 
 
 def test_upstream_clusters(rendered: Rendered) -> None:
@@ -389,6 +422,7 @@ def test_a_taken_bench_port_stops_the_stack_before_it_starts(tmp_path: Path) -> 
         taken = holder.getsockname()[1]
         env = {name: str(free_port()) for name in PORT_SETTINGS}
         env |= {
+            "WORKERS": "1",  # EXTPROC_PORT alone: the port after it was not handed out
             "RUN_DIR": str(tmp_path),
             "REDIS_URL": "redis://127.0.0.1:1/0",
             "OPENAI_UPSTREAM": "http://127.0.0.1:1",
@@ -397,6 +431,36 @@ def test_a_taken_bench_port_stops_the_stack_before_it_starts(tmp_path: Path) -> 
         }
         with pytest.raises(StackError, match="BENCH_LISTEN_PORT"):
             Stack(Settings.from_env(env), quiet=True)._check_ports()
+
+
+def stack_ports_env(tmp_path: Path, workers: int) -> dict[str, str]:
+    env = {name: str(free_port()) for name in PORT_SETTINGS if name != "EXTPROC_PORT"}
+    return env | {
+        "EXTPROC_PORT": str(free_ports(workers)),
+        "WORKERS": str(workers),
+        "RUN_DIR": str(tmp_path),
+        "REDIS_URL": "redis://127.0.0.1:1/0",
+        "OPENAI_UPSTREAM": "http://127.0.0.1:1",
+        "ANTHROPIC_UPSTREAM": "http://127.0.0.1:1",
+    }
+
+
+def test_a_taken_worker_port_stops_the_stack_before_it_starts(tmp_path: Path) -> None:
+    """The stack checks every worker's port, EXTPROC_PORT + i, and names the one taken."""
+    env = stack_ports_env(tmp_path, 3)
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", int(env["EXTPROC_PORT"]) + 2))
+        holder.listen()
+        with pytest.raises(StackError, match=r"EXTPROC_PORT \+ 2, worker 2\) is taken; set EXTPROC_PORT"):
+            Stack(Settings.from_env(env), quiet=True)._check_ports()
+
+
+def test_a_port_wanted_twice_stops_the_stack(tmp_path: Path) -> None:
+    """A worker's port that is also a listener's is refused before anything binds."""
+    env = stack_ports_env(tmp_path, 2)
+    env["LISTEN_PORT"] = str(int(env["EXTPROC_PORT"]) + 1)
+    with pytest.raises(StackError, match="is both LISTEN_PORT and EXTPROC_PORT \\+ 1, worker 1"):
+        Stack(Settings.from_env(env), quiet=True)._check_ports()
 
 
 # --- settings -------------------------------------------------------------------------------------
@@ -469,6 +533,8 @@ def test_parse_upstream(url: str, scheme: str, host: str, port: int) -> None:
         ({"OCR_WORKERS": "0"}, "OCR_WORKERS"),
         ({"OCR_BUDGET_SECONDS": "300"}, "OCR_BUDGET_SECONDS"),
         ({"METRICS_PORT": "0"}, "METRICS_PORT"),
+        ({"EXTPROC_PORT": "65535", "WORKERS": "2"}, "EXTPROC_PORT \\+ WORKERS"),
+        ({"EXTPROC_PORT": "9463", "WORKERS": "2", "METRICS_PORT": "9464"}, "METRICS_PORT 9464"),
     ],
 )
 def test_bad_settings_raise_config_error(env: dict[str, str], names: str) -> None:

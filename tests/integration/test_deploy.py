@@ -7,8 +7,9 @@ Envoy bootstrap against what ext_proc/bootstrap.py renders. The files hold no se
 assertion messages name keys, never values.
 
 Two Kubernetes files are generated and compared here byte for byte: envoy/k8s/envoy-config.yaml
-(the bootstrap, rendered by `python -m ext_proc bootstrap`) and envoy/k8s/policies.yaml (the
-files of policies/). After changing the bootstrap or a policy file, regenerate both with
+(the bootstrap, rendered by `python -m ext_proc bootstrap`, once per WORKERS the pods run: its
+ext_proc cluster lists one endpoint per worker) and envoy/k8s/policies.yaml (the files of
+policies/). After changing the bootstrap or a policy file, regenerate both with
 
     .venv/bin/python -m tests.integration.test_deploy
 """
@@ -73,9 +74,9 @@ K8S_SECRETS: dict[str, frozenset[str]] = {
 OTHER_IMAGES = {"redis:7.2-alpine", "registry.example.com/your-agent:1.0"}
 LOOPBACK = "127.0.0.1"
 
-# The environment envoy/k8s/envoy-config.yaml is rendered from (Envoy in the pods of sidecar.yaml
-# and gateway.yaml): listeners on the pod IP, ext_proc over loopback, the real providers, the TLS
-# pair from the cordon-tls Secret.
+# The environment envoy/k8s/envoy-config.yaml is rendered from (Envoy in the pods of sidecar.yaml,
+# gateway.yaml and admin.yaml): listeners on the pod IP, ext_proc over loopback, the real
+# providers, the TLS pair from the cordon-tls Secret. WORKERS is each ConfigMap's own.
 K8S_ENVOY_ENV = {
     "LISTEN_ADDRESS": "0.0.0.0",
     "LISTEN_PORT": "10000",
@@ -83,6 +84,7 @@ K8S_ENVOY_ENV = {
     "ENVOY_ADMIN_PORT": "9901",
     "EXTPROC_ADDRESS": LOOPBACK,
     "EXTPROC_PORT": "50051",
+    "WORKERS": "",
     "MAX_BODY_BYTES": "33554432",
     "OPENAI_UPSTREAM": "https://api.openai.com",
     "ANTHROPIC_UPSTREAM": "https://api.anthropic.com",
@@ -90,6 +92,9 @@ K8S_ENVOY_ENV = {
     "TLS_KEY_FILE": "/etc/cordon/tls/tls.key",
     "ENVOY_ACCESS_LOG": "/dev/stdout",
 }
+# The ConfigMaps of envoy-config.yaml and the WORKERS each is rendered with: a pod mounts the one
+# whose WORKERS its ext-proc container runs (the bootstrap lists one endpoint per worker).
+ENVOY_CONFIGMAPS = {"cordon-envoy-1-worker": "1", "cordon-envoy-2-workers": "2"}
 
 
 def known_env_names() -> frozenset[str]:
@@ -135,6 +140,24 @@ def cluster_endpoint(config: Doc, name: str) -> Endpoint:
     socket = cluster(config, name)["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
     socket = socket["address"]["socket_address"]
     return Endpoint(socket["address"], socket["port_value"])
+
+
+def extproc_endpoints(config: Doc) -> list[Endpoint]:
+    """The ext_proc cluster's endpoints, in order; it balances them by least request."""
+    found = cluster(config, "ext_proc")
+    assert found["lb_policy"] == "LEAST_REQUEST"
+    (locality,) = found["load_assignment"]["endpoints"]
+    sockets = [item["endpoint"]["address"]["socket_address"] for item in locality["lb_endpoints"]]
+    return [Endpoint(socket["address"], socket["port_value"]) for socket in sockets]
+
+
+def worker_ports(env: Mapping[str, str]) -> list[int]:
+    """The ext_proc workers' ports in an environment: worker i listens on EXTPROC_PORT + i."""
+    return [int(env["EXTPROC_PORT"]) + i for i in range(int(env["WORKERS"]))]
+
+
+def worker_endpoints(env: Mapping[str, str]) -> list[Endpoint]:
+    return [Endpoint(LOOPBACK, port) for port in worker_ports(env)]
 
 
 def buffer_limits(config: Doc) -> set[int]:
@@ -526,8 +549,8 @@ def test_compose_secrets_come_from_the_environment() -> None:
 
 def test_compose_ports_addresses_and_workers() -> None:
     """Envoy shares ext_proc's network namespace and reaches it over loopback; the listener ports
-    and the metrics port are published (metrics on this host only), the gRPC port is not; Envoy has
-    a thread per ext_proc worker."""
+    and the metrics port are published (metrics on this host only), no worker's gRPC port is;
+    Envoy renders its bootstrap with ext_proc's WORKERS and has a thread per worker."""
     services = compose()["services"]
     ext, envoy = services["ext_proc"], services["envoy"]
     ext_env, envoy_env = environment(ext), environment(envoy)
@@ -538,12 +561,13 @@ def test_compose_ports_addresses_and_workers() -> None:
     assert ext_env["EXTPROC_ADDRESS"] == "0.0.0.0"
     assert envoy_env["EXTPROC_ADDRESS"] == LOOPBACK
     assert envoy_env["EXTPROC_PORT"] == ext_env["EXTPROC_PORT"]
+    assert envoy_env["WORKERS"] == ext_env["WORKERS"]
     assert envoy_env["MAX_BODY_BYTES"] == ext_env["MAX_BODY_BYTES"]
     ports = {p.container_port: p for p in published(ext)}
     listens = {int(envoy_env["LISTEN_PORT"]), int(envoy_env["TLS_PORT"]), int(ext_env["METRICS_PORT"])}
     assert set(ports) == listens
     assert all(p.host_port == p.container_port for p in ports.values())
-    assert int(ext_env["EXTPROC_PORT"]) not in ports
+    assert not set(worker_ports(ext_env)) & set(ports)
     assert ports[int(ext_env["METRICS_PORT"])].host_ip == LOOPBACK
     health = " ".join(envoy["healthcheck"]["test"])
     assert f"http://127.0.0.1:{envoy_env['ENVOY_ADMIN_PORT']}/ready" in health
@@ -612,7 +636,7 @@ def test_compose_envoy_renders_a_bootstrap_that_fits(tmp_path: Path) -> None:
     config = bootstrap_cli(envoy_env | {"RUN_DIR": str(tmp_path)}, tmp_path / "envoy.yaml")
     assert listener(config, "plain") == Endpoint("0.0.0.0", int(envoy_env["LISTEN_PORT"]))
     assert listener(config, "tls") == Endpoint("0.0.0.0", int(envoy_env["TLS_PORT"]))
-    assert cluster_endpoint(config, "ext_proc") == Endpoint(LOOPBACK, int(ext_env["EXTPROC_PORT"]))
+    assert extproc_endpoints(config) == worker_endpoints(ext_env)
     assert buffer_limits(config) == {int(ext_env["MAX_BODY_BYTES"])}
     for name in ("openai", "anthropic"):
         assert cluster_endpoint(config, name) == Endpoint("fake-upstream", 18080)
@@ -761,26 +785,44 @@ def ext_proc_and_envoy(pod: Doc) -> tuple[Doc, Doc]:
 
 
 @functools.cache
-def envoy_config() -> Doc:
-    return load(configmap("cordon-envoy")["data"]["envoy.yaml"])
+def envoy_config(name: str) -> Doc:
+    return load(configmap(name)["data"]["envoy.yaml"])
+
+
+def rendered_from(name: str) -> dict[str, str]:
+    """The environment a generated Envoy ConfigMap says it was rendered from."""
+    annotation = configmap(name)["metadata"]["annotations"]["cordon/rendered-from"]
+    return dict(word.split("=", 1) for word in annotation.split())
+
+
+def pod_envoy_configmap(pod: Doc) -> str:
+    """The name of the Envoy ConfigMap a pod mounts where its Envoy reads the bootstrap."""
+    envoy = container(pod, "envoy")
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m for m in envoy["volumeMounts"]}
+    config_path = Path(command_option(envoy["command"], "-c"))
+    return str(volumes[mounts[str(config_path.parent)]["name"]]["configMap"]["name"])
 
 
 @pytest.mark.parametrize("name", ["agent", "cordon-gateway", "cordon-admin"])
 def test_k8s_pod_ports_probes_and_mounts(name: str) -> None:
-    """In each pod, Envoy's bootstrap reaches ext_proc over loopback on the port it listens on;
-    Envoy's container ports are the bootstrap's listeners; probes use ports that exist (gRPC health
-    for ext_proc); RUN_DIR and /tmp are writable under a read-only root; policies, the bootstrap
-    and the TLS pair are mounted where the settings and the bootstrap expect them."""
+    """In each pod, Envoy's bootstrap (the ConfigMap rendered with the pod's WORKERS) reaches every
+    ext_proc worker over loopback on the port it listens on; ext_proc's container ports are every
+    worker's; Envoy's are the bootstrap's listeners; probes use ports that exist (gRPC health for
+    ext_proc); RUN_DIR and /tmp are writable under a read-only root; policies, the bootstrap and
+    the TLS pair are mounted where the settings and the bootstrap expect them."""
     pod = workload(name)["spec"]["template"]["spec"]
     ext, envoy = ext_proc_and_envoy(pod)
-    env, config = plain_env(ext), envoy_config()
+    configmap_name = pod_envoy_configmap(pod)
+    env, config = plain_env(ext), envoy_config(configmap_name)
     volumes = {v["name"]: v for v in pod["volumes"]}
     ext_mounts = {m["mountPath"]: m for m in ext["volumeMounts"]}
     envoy_mounts = {m["mountPath"]: m for m in envoy["volumeMounts"]}
 
     # ext_proc: where it listens, its probes, its files
     assert env["EXTPROC_ADDRESS"] == "0.0.0.0"  # the kubelet probes the pod IP
-    assert port_numbers(ext) == {"grpc": int(env["EXTPROC_PORT"]), "metrics": int(env["METRICS_PORT"])}
+    grpc = {("grpc-" + str(i) if i else "grpc"): port for i, port in enumerate(worker_ports(env))}
+    assert port_numbers(ext) == grpc | {"metrics": int(env["METRICS_PORT"])}
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert ext[probe]["grpc"]["port"] == int(env["EXTPROC_PORT"]), probe
     # Restarted only when it does not answer; not ready (never restarted) while Redis is down.
@@ -793,7 +835,9 @@ def test_k8s_pod_ports_probes_and_mounts(name: str) -> None:
     assert int(env["WORKERS"]) <= int(command_option(envoy["command"], "--concurrency"))
 
     # Envoy: its bootstrap (the ConfigMap) against ext_proc and its own container
-    assert cluster_endpoint(config, "ext_proc") == Endpoint(LOOPBACK, int(env["EXTPROC_PORT"]))
+    assert rendered_from(configmap_name)["WORKERS"] == ENVOY_CONFIGMAPS[configmap_name] == env["WORKERS"]
+    assert rendered_from(configmap_name)["EXTPROC_PORT"] == env["EXTPROC_PORT"]
+    assert extproc_endpoints(config) == worker_endpoints(env)
     assert buffer_limits(config) == {int(env["MAX_BODY_BYTES"])}
     assert port_numbers(envoy) == {
         "http": listener(config, "plain").port,
@@ -804,9 +848,7 @@ def test_k8s_pod_ports_probes_and_mounts(name: str) -> None:
         assert envoy[probe]["httpGet"] == {"path": "/healthz", "port": "http"}, probe
     assert envoy["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     config_path = Path(command_option(envoy["command"], "-c"))
-    config_volume = volumes[envoy_mounts[str(config_path.parent)]["name"]]
-    assert config_volume["configMap"]["name"] == "cordon-envoy"
-    assert config_path.name in configmap("cordon-envoy")["data"]
+    assert config_path.name in configmap(configmap_name)["data"]
     tls_mount = envoy_mounts[str(Path(K8S_ENVOY_ENV["TLS_CERT_FILE"]).parent)]
     assert volumes[tls_mount["name"]]["secret"]["secretName"] == "cordon-tls"
     assert {Path(p).name for p in tls_files(config) if p.startswith("/etc/cordon/tls/")} == {
@@ -832,7 +874,7 @@ def test_k8s_sidecar_pod() -> None:
     assert all(c["restartPolicy"] == "Always" for c in pod["initContainers"])
     assert all("startupProbe" in c for c in pod["initContainers"])  # the next one waits for it
     agent_env = plain_env(container(pod, "agent"))
-    port = listener(envoy_config(), "plain").port
+    port = listener(envoy_config(pod_envoy_configmap(pod)), "plain").port
     assert agent_env["OPENAI_BASE_URL"] == f"http://127.0.0.1:{port}/v1"
     assert agent_env["ANTHROPIC_BASE_URL"] == f"http://127.0.0.1:{port}"
 
@@ -846,7 +888,7 @@ def test_k8s_gateway_replicas_service_and_disruption_budget() -> None:
     envoy = container(template["spec"], "envoy")
     services = [s for s in of_kind("Service") if matches(s["spec"]["selector"], labels)]
     assert [s["metadata"]["name"] for s in services] == ["cordon-gateway"]
-    config = envoy_config()
+    config = envoy_config(pod_envoy_configmap(template["spec"]))
     assert {(p["port"], p["targetPort"]) for p in services[0]["spec"]["ports"]} == {
         (listener(config, "plain").port, "http"),
         (listener(config, "tls").port, "https"),
@@ -882,7 +924,7 @@ def rule_ports(rule: Doc) -> set[tuple[str, int]]:
 
 def test_k8s_network_policies_keep_the_grpc_port_closed() -> None:
     """Each policy on one of our pods lets in its metrics (and, for the gateway, its listeners)
-    but never ext_proc's gRPC port, which serves the pod's own Envoy over loopback."""
+    but never an ext_proc worker's gRPC port, which serves the pod's own Envoy over loopback."""
     policies = {p["metadata"]["name"]: p for p in of_kind("NetworkPolicy")}
     assert set(policies) == {
         "agent-cordon",
@@ -896,7 +938,7 @@ def test_k8s_network_policies_keep_the_grpc_port_closed() -> None:
         assert len(targets) == 1, name
         ext, envoy = ext_proc_and_envoy(targets[0]["spec"]["template"]["spec"])
         allowed = {port for rule in policies[name]["spec"]["ingress"] for _, port in rule_ports(rule)}
-        assert int(plain_env(ext)["EXTPROC_PORT"]) not in allowed
+        assert not set(worker_ports(plain_env(ext))) & allowed
         assert int(plain_env(ext)["METRICS_PORT"]) in allowed
         if name == "cordon-gateway":
             assert set(port_numbers(envoy).values()) <= allowed
@@ -1039,21 +1081,30 @@ def configmap_text(header: list[str], name: str, annotation: str | None, data: M
     return "\n".join(lines) + "\n"
 
 
-def render_k8s_envoy(directory: Path) -> str:
-    output = directory / "envoy.yaml"
-    bootstrap_cli(K8S_ENVOY_ENV | {"RUN_DIR": str(directory / "run")}, output)
+def k8s_envoy_env(workers: str) -> dict[str, str]:
+    return K8S_ENVOY_ENV | {"WORKERS": workers}
+
+
+def render_k8s_envoy(directory: Path, workers: str) -> str:
+    output = directory / f"envoy-{workers}.yaml"
+    bootstrap_cli(k8s_envoy_env(workers) | {"RUN_DIR": str(directory / "run")}, output)
     return output.read_text()
 
 
 def envoy_configmap_text(directory: Path) -> str:
-    header = [
-        "Envoy's bootstrap for the pods of sidecar.yaml and gateway.yaml: `python -m ext_proc bootstrap`",
-        "run with the environment in the annotation (ext_proc over loopback, the real providers, the",
-        "TLS pair of the cordon-tls Secret).",
-        GENERATED,
-    ]
-    annotation = " ".join(f"{k}={v}" for k, v in K8S_ENVOY_ENV.items())
-    return configmap_text(header, "cordon-envoy", annotation, {"envoy.yaml": render_k8s_envoy(directory)})
+    documents = []
+    for name, workers in ENVOY_CONFIGMAPS.items():
+        pods = "gateway.yaml" if workers == "2" else "sidecar.yaml and admin.yaml"
+        header = [
+            f"Envoy's bootstrap for the pods of {pods} (ext_proc with WORKERS={workers}, one endpoint",
+            "per worker): `python -m ext_proc bootstrap` run with the environment in the annotation",
+            "(ext_proc over loopback, the real providers, the TLS pair of the cordon-tls Secret).",
+            GENERATED,
+        ]
+        annotation = " ".join(f"{k}={v}" for k, v in k8s_envoy_env(workers).items())
+        data = {"envoy.yaml": render_k8s_envoy(directory, workers)}
+        documents.append(configmap_text(header, name, annotation, data))
+    return "---\n".join(documents)
 
 
 def policy_files() -> dict[str, str]:
@@ -1070,12 +1121,19 @@ def policies_configmap_text() -> str:
 
 
 def test_envoy_configmap_is_what_bootstrap_py_renders(tmp_path: Path) -> None:
-    """envoy-config.yaml is the current rendering, byte for byte and as a parsed config."""
+    """envoy-config.yaml is the current rendering, byte for byte and as a parsed config, one
+    ConfigMap per WORKERS a pod runs, each listing that many ext_proc endpoints."""
     assert ENVOY_CONFIGMAP.read_text() == envoy_configmap_text(tmp_path), (
         "envoy/k8s/envoy-config.yaml is stale: run `.venv/bin/python -m tests.integration.test_deploy`"
     )
-    assert envoy_config() == load(render_k8s_envoy(tmp_path))
-    assert cluster(envoy_config(), "openai")["type"] == "LOGICAL_DNS"
+    assert [doc["metadata"]["name"] for doc in k8s_documents()["envoy-config.yaml"]] == list(ENVOY_CONFIGMAPS)
+    for name, workers in ENVOY_CONFIGMAPS.items():
+        assert envoy_config(name) == load(render_k8s_envoy(tmp_path, workers))
+        assert cluster(envoy_config(name), "openai")["type"] == "LOGICAL_DNS"
+        assert extproc_endpoints(envoy_config(name)) == worker_endpoints(rendered_from(name))
+    pods = [w["spec"]["template"]["spec"] for w in workloads()]
+    envoy_pods = [pod for pod in pods if any(c["name"] == "envoy" for c in pod_containers(pod))]
+    assert {pod_envoy_configmap(pod) for pod in envoy_pods} == set(ENVOY_CONFIGMAPS)
 
 
 def test_policies_configmap_is_the_policy_directory(tmp_path: Path) -> None:
@@ -1100,6 +1158,7 @@ def test_bootstrap_command_writes_the_rendered_config(tmp_path: Path) -> None:
         "LISTEN_PORT": "18000",
         "TLS_PORT": "18443",
         "EXTPROC_PORT": "15051",
+        "WORKERS": "2",
         "MAX_BODY_BYTES": "1048576",
         "OPENAI_UPSTREAM": "http://upstream.internal:8080",
         "ANTHROPIC_UPSTREAM": "https://api.anthropic.com",
@@ -1107,7 +1166,7 @@ def test_bootstrap_command_writes_the_rendered_config(tmp_path: Path) -> None:
     config = bootstrap_cli(env, tmp_path / "out" / "envoy.yaml")
     assert listener(config, "plain") == Endpoint("127.0.0.1", 18000)
     assert listener(config, "tls").port == 18443
-    assert cluster_endpoint(config, "ext_proc") == Endpoint("127.0.0.1", 15051)
+    assert extproc_endpoints(config) == [Endpoint("127.0.0.1", 15051), Endpoint("127.0.0.1", 15052)]
     assert buffer_limits(config) == {1048576}
     assert cluster_endpoint(config, "openai") == Endpoint("upstream.internal", 8080)
     assert cluster_endpoint(config, "anthropic") == Endpoint("api.anthropic.com", 443)

@@ -26,20 +26,21 @@ import yaml
 from tests.integration.test_deploy import (
     DNS,
     K8S,
-    LOOPBACK,
     PYPROJECT,
     Doc,
     Endpoint,
     bootstrap_cli,
     cluster,
-    cluster_endpoint,
     command_option,
+    extproc_endpoints,
     listener,
     port_numbers,
     rule_ports,
     selects,
     tls_files,
     unknown_names,
+    worker_endpoints,
+    worker_ports,
 )
 from tests.support.minihelm import TemplateError, manifests, render_chart
 
@@ -249,9 +250,10 @@ def test_chart_environment_names_and_secrets(name: str) -> None:
 @pytest.mark.parametrize("name", ["defaults", "sidecar", "external-redis"])
 def test_chart_envoy_renders_a_bootstrap_that_fits_its_pod(name: str, tmp_path: Path) -> None:
     """Each Envoy container renders its bootstrap with `python -m ext_proc bootstrap` from its
-    environment, then runs it: the config listens on the container's ports, reaches ext_proc on
-    loopback where it listens, buffers what ext_proc accepts, forwards to the configured
-    upstreams and uses the mounted TLS pair (or a generated one when no Secret is named)."""
+    environment, then runs it: the config listens on the container's ports, reaches every ext_proc
+    worker on loopback where it listens (the pod's WORKERS, one port each, all container ports),
+    buffers what ext_proc accepts, forwards to the configured upstreams and uses the mounted TLS
+    pair (or a generated one when no Secret is named)."""
     docs = rendered(name)
     chart_values = values(name)
     for workload, doc in cordon_pods(docs).items():
@@ -269,8 +271,10 @@ def test_chart_envoy_renders_a_bootstrap_that_fits_its_pod(name: str, tmp_path: 
         ports = port_numbers(envoy)
         assert listener(config, "plain") == Endpoint("0.0.0.0", ports["http"])
         assert listener(config, "tls") == Endpoint("0.0.0.0", ports["https"])
-        assert cluster_endpoint(config, "ext_proc") == Endpoint(LOOPBACK, int(plain(ext)["EXTPROC_PORT"]))
-        assert port_numbers(ext)["grpc"] == int(plain(ext)["EXTPROC_PORT"])
+        assert env["WORKERS"] == plain(ext)["WORKERS"] and env["EXTPROC_PORT"] == plain(ext)["EXTPROC_PORT"]
+        assert extproc_endpoints(config) == worker_endpoints(plain(ext))
+        grpc = {("grpc-" + str(i) if i else "grpc"): port for i, port in enumerate(worker_ports(plain(ext)))}
+        assert {n: p for n, p in port_numbers(ext).items() if n.startswith("grpc")} == grpc
         assert plain(ext)["MAX_BODY_BYTES"] == env["MAX_BODY_BYTES"] == chart_values["maxBodyBytes"]
         for provider in ("openai", "anthropic"):
             upstream = chart_values["upstreams"][provider]
@@ -366,7 +370,7 @@ def test_chart_every_pod_is_held_by_an_egress_policy(name: str) -> None:
                 ("TCP", p)
                 for c in containers(pod_spec(workload)).values()
                 for n, p in port_numbers(c).items()
-                if n == "grpc"
+                if n.startswith("grpc")
             }
             for rule in policy["spec"].get("ingress", []):
                 assert not rule_ports(rule) & grpc, "ext_proc's gRPC port serves its own pod only"

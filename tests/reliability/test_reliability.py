@@ -39,7 +39,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ext_proc.runtime import bootstrap
-from ext_proc.runtime.stack import grpc_serving
+from ext_proc.runtime.stack import workers_serving
 from tests.support.e2e import SAMPLES, SENTENCE, chat_body, leaked
 from tests.support.fake_upstream import ECHO_PREFIX
 from tests.support.harness import ADMIN_TOKEN, KEYS, RECEIPT_SECRET, RedisProcess, RunningStack, running_stack
@@ -396,7 +396,7 @@ def test_worker_killed_mid_load_is_replaced_and_nothing_leaks(
     index = killed["index"]
     assert not alive(killed["pid"]) and now[index] != killed["pid"] and alive(now[index])
     assert all(now[i] == pid for i, pid in pids.items() if i != index)
-    assert grpc_serving(stack.settings.extproc_address, stack.settings.extproc_port)
+    assert workers_serving(stack.settings)  # the replacement too, on the killed worker's port
     # Clients saw the restored echo, a 5xx, or a connection cut mid-reply: never a wrong or
     # unrestored reply, never a hang.
     assert set(kinds) <= {"ok", "refused", "broken"}, f"outcomes: {dict(kinds)}"

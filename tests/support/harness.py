@@ -79,19 +79,28 @@ def free_port() -> int:
     one of the suite's own client connections could take it (a clean-clone run lost its whole
     session stack that way). Below that range only listeners compete, and each port is handed out
     once per session."""
+    return free_ports(1)
+
+
+def free_ports(count: int) -> int:
+    """The first of `count` consecutive free loopback ports (the ext_proc workers' EXTPROC_PORT +
+    i), picked as free_port picks one; every port of the run is handed out once per session."""
     low, _ = _ephemeral_range()
     first = 20000 if low > 21000 else 1024
     if low - first < 1000:  # no room below the range: let the kernel choose
+        if count != 1:
+            raise RuntimeError(f"no room below the ephemeral range ({low}) for {count} consecutive ports")
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind(("127.0.0.1", 0))
             return int(sock.getsockname()[1])
     for _ in range(200):
-        port = random.randrange(first, low)
-        if port in _HANDED_OUT or not port_free("127.0.0.1", port):
+        base = random.randrange(first, low - count + 1)
+        run = range(base, base + count)
+        if any(port in _HANDED_OUT or not port_free("127.0.0.1", port) for port in run):
             continue
-        _HANDED_OUT.add(port)
-        return port
-    raise RuntimeError(f"no free port found between {first} and {low}")
+        _HANDED_OUT.update(run)
+        return base
+    raise RuntimeError(f"no {count} free consecutive ports found between {first} and {low}")
 
 
 def write_policies(directory: Path, extra: Mapping[str, str] | None = None) -> None:
@@ -225,7 +234,7 @@ def stack_env(
         "LISTEN_PORT": str(free_port()),
         "TLS_PORT": str(free_port()),
         "ENVOY_ADMIN_PORT": str(free_port()),
-        "EXTPROC_PORT": str(free_port()),
+        "EXTPROC_PORT": str(free_ports(workers)),  # worker i listens on EXTPROC_PORT + i
         "METRICS_PORT": str(free_port()),
         "WORKERS": str(workers),
         "LOG_LEVEL": "INFO",

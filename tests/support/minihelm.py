@@ -10,7 +10,8 @@ The subset:
   `define "name"` / `include "name" ARG`; `if` / `else if` / `else` / `end`; `range PIPE`,
   `range $v := PIPE`, `range $k, $v := PIPE`; `$`, `$var.field`, `.field.field`, "strings", ints,
   true/false, (sub pipelines), `|` pipes
-  functions: quote, toYaml, nindent, indent, default, required, fail, not, and, or, eq, ne, dict, empty
+  functions: quote, toYaml, nindent, indent, default, required, fail, not, and, or, eq, ne, dict, empty,
+  int, add, until
 
 Helm reads every number in values as a float64 and prints 33554432 as 3.3554432e+07; this
 renderer refuses to print an int of 1e6 or more for that reason (write such values as strings).
@@ -272,6 +273,19 @@ def _or(*values: Any) -> Any:
     return values[-1]
 
 
+def _int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TemplateError(f"int of a {type(value).__name__}")
+    return int(value)
+
+
+def _until(count: Any) -> list[int]:
+    # Sprig's until takes an int: Helm's values are float64, so the chart writes `until (int X)`.
+    if isinstance(count, bool) or not isinstance(count, int):
+        raise TemplateError(f"until of a {type(count).__name__}")
+    return list(range(count))
+
+
 def _dict(*pairs: Any) -> dict[str, Any]:
     if len(pairs) % 2:
         raise TemplateError("dict takes key/value pairs")
@@ -297,6 +311,9 @@ class Renderer:
             "empty": lambda v: not truthy(v),
             "include": self.include,
             "fail": _fail,
+            "int": _int,
+            "add": lambda *values: sum(_int(v) for v in values),
+            "until": _until,
         }
 
     def include(self, name: str, dot: Any) -> str:

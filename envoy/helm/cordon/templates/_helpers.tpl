@@ -47,7 +47,7 @@ container with restartPolicy: Always); drain makes it outlive Envoy's drain on t
     - name: WORKERS
       value: {{ .workers | quote }}
     # The pod IP, for the kubelet's gRPC probes and Prometheus; the NetworkPolicy keeps the gRPC
-    # port closed to other pods (Envoy reaches it over loopback).
+    # ports closed to other pods (Envoy reaches them over loopback).
     - name: EXTPROC_ADDRESS
       value: 0.0.0.0
     - name: EXTPROC_PORT
@@ -78,12 +78,17 @@ container with restartPolicy: Always); drain makes it outlive Envoy's drain on t
     - name: TENANT_SECRET
       valueFrom:
         secretKeyRef: {name: {{ $v.secrets.name }}, key: TENANT_SECRET, optional: true}
+  # Worker i listens on ports.grpc + i.
   ports:
-    - name: grpc
-      containerPort: {{ $v.ports.grpc }}
+    {{- range $i := until (int .workers) }}
+    - name: {{ if $i }}grpc-{{ $i }}{{ else }}grpc{{ end }}
+      containerPort: {{ add $v.ports.grpc $i }}
+    {{- end }}
     - name: metrics
       containerPort: {{ $v.ports.metrics }}
-  # Restarted only when it does not answer (`liveness`); not Ready while Redis is down.
+  # Worker 0's gRPC health (the supervisor restarts any worker that dies, and Envoy stops sending
+  # to one that fails its own health check). Restarted only when it does not answer (`liveness`);
+  # not Ready while Redis is down.
   startupProbe:
     grpc:
       port: {{ $v.ports.grpc }}
@@ -132,7 +137,7 @@ Envoy, from the same image: it renders its bootstrap from its environment at sta
   {{- if .native }}
   restartPolicy: Always
   {{- end }}
-  # --concurrency: at least one Envoy thread per ext_proc worker (the kernel spreads connections).
+  # --concurrency: one Envoy thread per ext_proc worker (each thread spreads streams over them all).
   command:
     - sh
     - -c
@@ -153,6 +158,9 @@ Envoy, from the same image: it renders its bootstrap from its environment at sta
       value: 127.0.0.1
     - name: EXTPROC_PORT
       value: {{ $v.ports.grpc | quote }}
+    # ext_proc's: the bootstrap lists one endpoint per worker (EXTPROC_PORT + i).
+    - name: WORKERS
+      value: {{ .workers | quote }}
     - name: MAX_BODY_BYTES
       value: {{ $v.maxBodyBytes | quote }}
     - name: OPENAI_UPSTREAM
