@@ -664,3 +664,32 @@ def test_an_ssn_right_after_a_label_and_a_separator_is_found(text: str) -> None:
 )
 def test_an_ssn_shape_inside_a_longer_number_or_without_its_word_is_not_one(text: str) -> None:
     assert "SSN" not in [kind for kind, _, _ in kinds_at(text)]
+
+
+# A bare run of digits is a phone only after a phone word on its line, at most 40 characters before.
+@pytest.mark.parametrize(
+    ("text", "is_phone"),
+    [
+        ("mobile: 4155550132", True),
+        ("Her TELEPHONE is 4155550132", True),
+        ("numéro 4155550132", True),
+        ("电话 4155550132", True),
+        ("call\n4155550132", False),  # the word is on the line before
+        ("call us, the reference you were given last week is 4155550132", False),  # too far
+        ("order 4155550132", False),
+        ("recall 4155550132", False),  # inside a word
+    ],
+)
+def test_a_bare_digit_run_needs_a_phone_word_before_it_on_its_line(text: str, is_phone: bool) -> None:
+    assert any(kind == "PHONE" for kind, _, _ in kinds_at(text)) is is_phone
+
+
+def test_a_card_is_found_the_same_whether_its_run_was_read_before_or_not() -> None:
+    # The card windows of a run are cached by the run and whether a word follows it.
+    card = "4012 8888 8888 1881"
+    first = kinds_at(f"pay {card} now")
+    again = kinds_at(f"card {card} ok")
+    glued = kinds_at(f"pay {card}x now")
+    assert [k for k, _, _ in first] == ["CREDIT_CARD"] == [k for k, _, _ in again]
+    # The same run with a letter after it: its last group belongs to a word, no card.
+    assert "CREDIT_CARD" not in [k for k, _, _ in glued]

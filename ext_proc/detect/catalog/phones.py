@@ -18,7 +18,6 @@ import regex
 from ext_proc.detect.catalog.options import Options
 from ext_proc.detect.catalog.regexes import (
     DIGIT_GROUP,
-    DIGIT_SET,
     Span,
     compile_pattern,
     digits_of,
@@ -37,10 +36,18 @@ TRUNK_REGIONS: tuple[str, ...] = (
 CONTEXT_REGIONS: tuple[str, ...] = ("US", *TRUNK_REGIONS)
 
 
-_PHONE_CONTEXT = compile_pattern(
+# A phone word up to CONTEXT_CHARS before a number, on its line, lets a bare digit run count.
+_PHONE_WORD = compile_pattern(
     r"(?i)(?:\b(?:phone|tel|telephone|mobile|cell|call|fax|sms|whatsapp|contact|ring|dial"
-    r"|t[ée]l[ée]phone|telefon|tel[ée]fono|m[óo]vil|handy|num[ée]ro)\b|电话|手机|電話)[^\n]*\Z"
+    r"|t[ée]l[ée]phone|telefon|tel[ée]fono|m[óo]vil|handy|num[ée]ro)\b|电话|手机|電話)"
 )
+CONTEXT_CHARS = 40
+# Every phone word holds one of these, case-folded: most windows hold none and need no search.
+_WORD_PART = compile_pattern(
+    "phone|tel|mobile|cell|call|fax|sms|whatsapp|contact|ring|dial|vil|num|handy|电话|手机|電話"
+)
+# The two Turkish i's match `i` in the words above but case-fold to something else.
+_DOTTED_I = str.maketrans({"\u0130": "i", "\u0131": "i"})
 _DATE_LIKE = compile_pattern(
     r"(?:[0-9]{4}[-/.][0-9]{1,2}[-/.][0-9]{1,2}|[0-9]{1,2}[-/.][0-9]{1,2}[-/.][0-9]{2,4}"
     r"|(?:19|20)[0-9]{2}\s?[-/]\s?(?:19|20)?[0-9]{2}|[0-9]{1,3}(?:\.[0-9]{1,3}){3})"
@@ -110,11 +117,24 @@ def validate_phone(text: str, m: regex.Match[str], span: Span, _o: Options) -> I
         text[end].isalnum() or text[end] == "_" or (text[end] == ":" and text[end + 1 : end + 2].isdigit())
     ):
         return
-    if sum(1 for ch in text[start:end] if ch in DIGIT_SET) < 7:
+    candidate = text[start:end]
+    if len(candidate) - len(candidate.translate(_NO_DIGITS)) < 7:
         return
-    has_context = timed_search(_PHONE_CONTEXT, text, max(0, start - 40), start) is not None
-    for rel_start, rel_end in _phone_spans(text[start:end], has_context):
+    has_context = _after_phone_word(text, start)
+    for rel_start, rel_end in _phone_spans(candidate, has_context):
         yield (start + rel_start, start + rel_end)
+
+
+_NO_DIGITS = str.maketrans("", "", "0123456789")
+
+
+def _after_phone_word(text: str, start: int) -> bool:
+    """A phone word within CONTEXT_CHARS before `start`, with no line break between them."""
+    low = max(0, start - CONTEXT_CHARS, text.rfind("\n", 0, start) + 1)
+    folded = text[low:start].translate(_DOTTED_I).casefold()
+    if timed_search(_WORD_PART, folded) is None:
+        return False
+    return timed_search(_PHONE_WORD, text, low, start) is not None
 
 
 @functools.lru_cache(maxsize=16384)

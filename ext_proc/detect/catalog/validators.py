@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import ipaddress
 import zlib
 from collections import Counter
@@ -335,15 +336,14 @@ def _iban(text: str, m: regex.Match[str], span: Span, _o: Options) -> Iterable[S
     return ((start, end),)
 
 
+# A digit doubled, less 9 when that is over 9: the Luhn sum of the second, fourth … digit from
+# the right.
+_LUHN_DOUBLED = str.maketrans("0123456789", "0246813579")
+
+
 def luhn_valid(digits: str) -> bool:
-    total = 0
-    for i, ch in enumerate(reversed(digits)):
-        d = ord(ch) - 48
-        if i % 2:
-            d *= 2
-            if d > 9:
-                d -= 9
-        total += d
+    backwards = digits[::-1]
+    total = sum(map(int, backwards[::2])) + sum(map(int, backwards[1::2].translate(_LUHN_DOUBLED)))
     return total % 10 == 0
 
 
@@ -373,8 +373,22 @@ def _word_after(text: str, end: int) -> bool:
 
 def _card(text: str, m: regex.Match[str], span: Span, _o: Options) -> Iterable[Span]:
     """Luhn-valid windows of whole digit groups inside a run of digits and separators."""
-    groups = [g.span() for g in timed_all(DIGIT_GROUP, text, span[0], span[1])]
+    start, end = span
+    run, word_after = text[start:end], _word_after(text, end)
+    # Pure, so short runs are cached: a conversation resends its history every turn and the same
+    # numbers come back. A long run (a digit dump) is read as it comes and not kept.
+    windows = _card_windows(run, word_after) if end - start <= _CACHED_RUN else _cards_in(run, word_after)
+    return [(start + s, start + e) for s, e in windows]
+
+
+_CACHED_RUN = 64
+
+
+def _cards_in(run: str, word_after: bool) -> tuple[Span, ...]:
+    """The cards in one run (offsets in it; `word_after`: a word character follows the run)."""
+    groups = [g.span() for g in timed_all(DIGIT_GROUP, run)]
     k = len(groups)
+    found_spans: list[Span] = []
     # Every start is tried, and overlapping windows are merged later: a number that happens to
     # precede a card ("ref 123 4012 8888 8888 1881") cannot hide part of the card.
     for i in range(k):
@@ -384,20 +398,25 @@ def _card(text: str, m: regex.Match[str], span: Span, _o: Options) -> Iterable[S
             g0, g1 = groups[j]
             size = g1 - g0
             if j > i:
-                sep = text[groups[j - 1][1] : g0]
+                sep = run[groups[j - 1][1] : g0]
                 # Dots only in 4-digit groups (4012.8888.8888.1881), never in dotted versions.
                 if "." in sep and (size > 4 or groups[j - 1][1] - groups[j - 1][0] != 4):
                     break
-            digits += text[g0:g1]
+            digits += run[g0:g1]
             if len(digits) > 19:
                 break
             # Only the last group of a card may be shorter than 3 digits.
             if j > i and groups[j - 1][1] - groups[j - 1][0] < 3:
                 break
-            if _plausible_card(digits) and luhn_valid(digits) and not _word_after(text, g1):
+            # Inside the run a separator follows every group: only its last may touch a word.
+            if _plausible_card(digits) and luhn_valid(digits) and not (g1 == len(run) and word_after):
                 found = j + 1
         if found:
-            yield (groups[i][0], groups[found - 1][1])
+            found_spans.append((groups[i][0], groups[found - 1][1]))
+    return tuple(found_spans)
+
+
+_card_windows = functools.lru_cache(maxsize=16384)(_cards_in)
 
 
 # Letters around the word end it, an underscore does not (`SSN_078051120`, `user_ssn: …`).
