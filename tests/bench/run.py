@@ -143,20 +143,18 @@ def measure(
     b.check("8 KB chat + 8 subjects", with_subjects)
     b.check("8 KB chat", plain)
     b.check("8 KB conversation + 8 subjects", conversation)
+    tiny = Fresh(build_request(CHAT, TINY_BODY, TINY_REPLY))
     progress("latency at concurrency 1, 8 KB")
     latency = latency_8k(
         b,
         {
             "8 KB + 8 subjects, cold": (with_subjects, True),
             "8 KB + 8 subjects, conversation": (conversation, True),
-            "tiny chat, nothing to redact (the fixed cost)": (
-                Fresh(build_request(CHAT, TINY_BODY, TINY_REPLY)),
-                False,
-            ),
+            "tiny chat, nothing to redact (the fixed cost)": (tiny, False),
         },
     )
     progress("throughput at concurrency 16")
-    throughput = throughput_8k(b, plain, with_subjects, conversation)
+    throughput = throughput_8k(b, plain, with_subjects, conversation, tiny)
     soaked = []
     if soak_minutes:  # before the 1 MB bodies, whose heap growth would blur its start
         progress(f"soak, {soak_minutes:g} minutes")

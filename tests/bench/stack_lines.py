@@ -129,12 +129,18 @@ def against_floors(at: dict[str, list[float]]) -> str:
     return f"filtered {f:.2f} / Envoy alone {u:.2f} ms (×{f / u:.1f}); " + ", ".join(parts)
 
 
-def throughput_8k(b: Bench, plain: Fresh, with_subjects: Fresh, conversation: Fresh) -> list[Row]:
+def throughput_8k(
+    b: Bench, plain: Fresh, with_subjects: Fresh, conversation: Fresh, tiny: Fresh
+) -> list[Row]:
     """Concurrency 16 for a fixed time per line; the client's own ceiling measured beside (shorter).
-    Each through-Envoy line's CPU per exchange: the stack's processes (Bench.pids), before and after."""
+    Each through-Envoy line's CPU per exchange: the stack's processes (Bench.pids), before and after;
+    each filtered line's cores used by the workers (their CPU time over the line's wall time)."""
     c, workers = 16, b.stack.settings.workers
     healthz = build_request("/healthz", b"", method="GET")
     target = Target(">=", 1500, "≥ 1,500 req/s")
+    tiny_target = Target(">=", 1300, "≥ 1,300 req/s")
+    tiny_line = f"req/s c={c}, WORKERS={workers}, tiny chat"
+    tiny_floor = f"req/s c={c}, tiny chat, floor-4 listener"
     alone = f"req/s c={c}, 8 KB chat, unfiltered listener"
     floors = {label: f"req/s c={c}, 8 KB chat, {label} listener" for label in FLOORS}
     cases: dict[str, tuple[int, bytes | Fresh, float, Target | None]] = {
@@ -146,6 +152,8 @@ def throughput_8k(b: Bench, plain: Fresh, with_subjects: Fresh, conversation: Fr
             1.0,
             target,
         ),
+        tiny_line: (b.filtered, tiny, 1.0, tiny_target),
+        tiny_floor: (b.floor_ports["floor-4"], tiny, 1.0, None),
         alone: (b.bench_port, plain, 1.0, None),
         **{name: (b.floor_ports[label], plain, 1.0, None) for label, name in floors.items()},
         "load generator ceiling: Envoy /healthz, no upstream": (b.bench_port, healthz, 0.4, None),
@@ -155,14 +163,17 @@ def throughput_8k(b: Bench, plain: Fresh, with_subjects: Fresh, conversation: Fr
         b.run(closed_loop(port, [request], c, 0.5))  # warm-up
     loads: dict[str, list[Load]] = {name: [] for name in cases}
     cpu: dict[str, list[float]] = {name: [] for name in cases}  # ms per exchange
+    cores: dict[str, list[float]] = {name: [] for name in cases}  # the workers' CPU s per second
     pids = b.pids()
+    workers_pids = worker_pids(b.stack)
     names = list(cases)
     for rep in range(b.plan.reps):
         for name in names[rep % len(names) :] + names[: rep % len(names)]:
             port, request, share, _ = cases[name]
-            before = cpu_seconds(pids)
+            before, before_workers = cpu_seconds(pids), cpu_seconds(workers_pids)
             load = b.run(closed_loop(port, [request], c, b.plan.load_seconds * share))
             cpu[name].append(ms(cpu_seconds(pids) - before) / max(load.done, 1))
+            cores[name].append((cpu_seconds(workers_pids) - before_workers) / load.seconds)
             loads[name].append(load)
     rate = {name: statistics.median(load.rate for load in loads[name]) for name in cases}
     rows = []
@@ -170,10 +181,13 @@ def throughput_8k(b: Bench, plain: Fresh, with_subjects: Fresh, conversation: Fr
         p50 = statistics.median(ms(percentile(load.latencies, 0.5)) for load in loads[name])
         failed = sum(load.failed for load in loads[name])
         detail = f"p50 {p50:.1f} ms" + (f"; {failed} failed" if failed else "")
-        if port == b.filtered:
+        if name == tiny_line:
+            shares = [f"{rate[name] / rate[tiny_floor]:.0%} of floor-4's with the same request"]
+        elif port == b.filtered:
             shares = [f"{rate[name] / rate[alone]:.0%} of Envoy alone's req/s"]
             shares += [f"{rate[name] / rate[floors[label]]:.0%} of {label}'s" for label in FLOORS]
-            detail += "; " + ", ".join(shares)
+        if port == b.filtered:
+            detail += "; " + ", ".join(shares) + f"; workers used {statistics.median(cores[name]):.2f} cores"
         rows.append(Row(name, "req/s", [load.rate for load in loads[name]], line_target, detail))
     mine, floor4 = cpu[names[0]], cpu[floors["floor-4"]]
     others = ", ".join(f"{label} {statistics.median(cpu[name]):.2f}" for label, name in floors.items())
