@@ -45,13 +45,22 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     settings = _settings(args)  # first: a bad setting stops the command before the heavy imports
+    if args.worker_index is None:
+        # The supervisor imports none of the worker's modules (see ext_proc.service.supervisor).
+        from ext_proc.policy.precheck import PolicyCheckFailed
+        from ext_proc.service import supervisor
+
+        try:
+            return supervisor.serve(settings)
+        except ConfigError as exc:
+            raise SystemExit(f"configuration error: {exc}") from None
+        except PolicyCheckFailed as exc:
+            raise SystemExit(f"policy error: {exc}") from None
     from ext_proc.policy.model import PolicyError
-    from ext_proc.service import supervisor, worker
+    from ext_proc.service import worker
 
     try:
-        if args.worker_index is not None:
-            return worker.worker_main(settings, args.worker_index)
-        return supervisor.serve(settings)
+        return worker.worker_main(settings, args.worker_index)
     except ConfigError as exc:
         raise SystemExit(f"configuration error: {exc}") from None
     except PolicyError as exc:

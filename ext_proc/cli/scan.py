@@ -25,11 +25,11 @@ import json
 import sys
 from typing import TYPE_CHECKING, TextIO
 
-from ext_proc.detect.catalog.engine import Catalog
 from ext_proc.detect.findings import ALL_SETS, Finding
 from ext_proc.errors import DetectionError
 
 if TYPE_CHECKING:
+    from ext_proc.detect.catalog.engine import Catalog
     from ext_proc.policy.model import Policy
 
 EXIT_OK = 0
@@ -97,6 +97,10 @@ MEDIA_NOTES = {
 
 
 def _catalog(args: argparse.Namespace) -> tuple[Catalog, Policy | None]:
+    # Imported here: every command builds this parser (`add_arguments`), and the catalog is only
+    # scan's to load.
+    from ext_proc.detect.catalog.engine import Catalog
+
     if getattr(args, "policy", None):
         # Imported here: the policy module is a separate concern and the scan of plain text
         # must not depend on it.

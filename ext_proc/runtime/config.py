@@ -109,7 +109,7 @@ def _redis_url(raw: str) -> str | None:
     """REDIS_URL, checked now: a URL no client can use stops the command at once, naming the
     variable and what is wrong (never the URL, which may hold a password), instead of every
     worker failing on it and being restarted."""
-    from ext_proc.storage.redis_client import RedisUrlError, check_url
+    from ext_proc.storage.redis_url import RedisUrlError, check_url
 
     url = raw.strip() or None
     if url is not None:

@@ -8,6 +8,11 @@ reason and leaves nothing running. Envoy kills itself when its parent exits (PR_
 which is why the supervisor, not the shell, is its parent. `down` stops every process by the pids
 recorded under RUN_DIR.
 
+The `run` process only starts, watches and stops the others, so it keeps out of its memory what
+it needs once or never: the startup policy check and the rendering of Envoy's bootstrap run in
+short-lived children (`Stack(lean=True)`), and the workers' health is asked without grpcio
+(ext_proc.service.health_probe).
+
 Every file under RUN_DIR/logs holds JSON lines with `ts` and `level` and one run only: a new run
 first moves the previous run's file to `NAME.log.1`. ext_proc and Envoy write JSON themselves;
 the lines of the embedded Redis and the fake upstream are wrapped as they are written.
@@ -29,9 +34,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ext_proc.errors import CordonError
-from ext_proc.policy.load import deployment_check, load_policy_dir
-from ext_proc.runtime import bootstrap, logs
-from ext_proc.runtime.config import DEFAULT_REDIS_PORT, Settings, parse_upstream
+from ext_proc.policy.precheck import check_policy_dir
+from ext_proc.runtime import logs
+from ext_proc.runtime.config import DEFAULT_REDIS_PORT, Settings
+from ext_proc.runtime.envoy_config import config_path, write_envoy_config
+from ext_proc.service import health_probe
+from ext_proc.service.contract import LIVENESS_SERVICE, ready_file
 
 READY_TIMEOUT = 60.0
 # Envoy's own log as JSON lines (spdlog flags; %j is the message JSON-escaped; TZ=UTC below).
@@ -90,9 +98,15 @@ class Service:
 
 
 class Stack:
-    def __init__(self, settings: Settings, *, quiet: bool = False) -> None:
+    """The services of one stack. `lean`: the one-off work that imports much of the filter (the
+    policy check, Envoy's bootstrap) runs in short-lived children, each reading this process's
+    environment, so this process does not keep those modules; only for settings read from that
+    same environment (`stack run`). Otherwise it runs here (a test harness holds them already)."""
+
+    def __init__(self, settings: Settings, *, quiet: bool = False, lean: bool = False) -> None:
         self.settings = settings
         self.quiet = quiet
+        self.lean = lean
         self.services: list[Service] = []
         self.run_dir = settings.run_dir
         self.logs = self.run_dir / "logs"
@@ -175,7 +189,7 @@ class Stack:
     def start(self) -> None:
         s = self.settings
         # A bad policy (or one needing a secret that is unset) fails here, naming file, key and reason.
-        load_policy_dir(s.policy_dir, check=deployment_check(tenant_secret=s.tenant_secret is not None))
+        self._check_policies()
         self._check_ports()
         deadline = time.monotonic() + READY_TIMEOUT
         if s.redis_url is None:
@@ -196,7 +210,6 @@ class Stack:
             if not wait_port("127.0.0.1", DEFAULT_REDIS_PORT, deadline):
                 self._check_alive(redis)
                 raise StackError("embedded Redis did not start listening")
-        fake_url = f"http://127.0.0.1:{s.fake_upstream_port}"
         if self.needs_fake_upstream:
             fake = self._spawn(
                 "fake-upstream",
@@ -216,23 +229,14 @@ class Stack:
                 raise StackError("the fake upstream did not start listening")
         extproc = self._spawn("ext_proc", [sys.executable, "-m", "ext_proc", "serve"])
         self._wait_workers(extproc, deadline)
-        cert, key, _ = bootstrap.ensure_tls_material(s)
-        config = bootstrap.render(
-            s,
-            openai=s.openai_upstream or parse_upstream("openai", fake_url),
-            anthropic=s.anthropic_upstream or parse_upstream("anthropic", fake_url),
-            cert=cert.resolve(),
-            key=key.resolve(),
-        )
-        config_path = self.run_dir / "envoy.yaml"
-        config_path.write_text(config)
+        envoy_config = self._write_envoy_config()
         if s.envoy_access_log is None:
             logs.rotate(s.access_log_path)
         envoy = self._spawn(
             "envoy",
             [
                 envoy_binary(),
-                "-c", str(config_path.resolve()),
+                "-c", str(envoy_config.resolve()),
                 "--concurrency", str(max(2, s.workers)),
                 "--log-level", "warn",
                 "--log-format", ENVOY_LOG_FORMAT,
@@ -243,9 +247,28 @@ class Stack:
         )  # fmt: skip
         self._wait_envoy(envoy, deadline)
 
-    def _wait_workers(self, extproc: Service, deadline: float) -> None:
-        from ext_proc.service.worker import LIVENESS_SERVICE, ready_file
+    def _check_policies(self) -> None:
+        s = self.settings
+        if self.lean:
+            check_policy_dir(s.policy_dir, tenant_secret=s.tenant_secret is not None)
+            return
+        from ext_proc.policy.load import deployment_check, load_policy_dir
 
+        load_policy_dir(s.policy_dir, check=deployment_check(tenant_secret=s.tenant_secret is not None))
+
+    def _write_envoy_config(self) -> Path:
+        if not self.lean:
+            return write_envoy_config(self.settings)
+        # This process's working directory: a relative RUN_DIR must name the same directory.
+        command = [sys.executable, "-m", "ext_proc.runtime.envoy_config"]
+        done = subprocess.run(command, stdin=subprocess.DEVNULL, check=False)
+        if done.returncode != 0:
+            raise StackError(
+                f"rendering Envoy's bootstrap failed (exit code {done.returncode}; its error is logged)"
+            )
+        return config_path(self.settings)
+
+    def _wait_workers(self, extproc: Service, deadline: float) -> None:
         s = self.settings
         while time.monotonic() < deadline:
             self._check_alive(extproc)
@@ -313,17 +336,8 @@ def _wrap_output(process: subprocess.Popen[bytes], log_path: Path, name: str) ->
 
 def grpc_serving(address: str, port: int, service: str = "") -> bool:
     """gRPC health of the workers: `""` is readiness, "liveness" whether they answer at all."""
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    try:
-        with grpc.insecure_channel(f"{_host(address)}:{port}") as channel:
-            reply = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=service), timeout=1
-            )
-    except grpc.RpcError:
-        return False
-    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+    host = "127.0.0.1" if address in ("0.0.0.0", "::", "") else address
+    return health_probe.serving(host, port, service, timeout=1.0)
 
 
 def workers_serving(settings: Settings, service: str = "") -> bool:
@@ -364,7 +378,7 @@ def banner(settings: Settings, *, detached: bool = False) -> str:
 
 
 def run(settings: Settings, *, quiet: bool = False) -> int:
-    stack = Stack(settings, quiet=quiet)
+    stack = Stack(settings, quiet=quiet, lean=True)
     ready_marker = settings.run_dir / "stack.ready"
     failed_marker = settings.run_dir / "stack.failed"
     settings.run_dir.mkdir(parents=True, exist_ok=True)

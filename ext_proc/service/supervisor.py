@@ -5,6 +5,10 @@ ports, so Envoy, not the kernel, spreads the exchanges over the workers. The sup
 each port for its worker (see `reserve_ports`), serves `/metrics` (the workers' counters summed),
 restarts a worker that dies (backing off one that keeps dying), passes SIGHUP on (a policy
 reload), and on SIGTERM or SIGINT asks every worker to drain and waits for them within the grace.
+
+It does no exchange work, so it imports none of the workers' modules (gRPC, protobuf, the
+detectors, Redis): it stays a small process. The startup policy check runs in a short-lived child
+for the same reason (`ext_proc.policy.precheck`).
 """
 
 from __future__ import annotations
@@ -18,9 +22,9 @@ import sys
 import time
 
 from ext_proc.audit.metrics import metrics_dir, serve_metrics
-from ext_proc.policy.load import load_policy_dir
+from ext_proc.policy.precheck import check_policy_dir
 from ext_proc.runtime.config import Settings
-from ext_proc.service.worker import DRAIN_SECONDS, PORT_TAKEN, policy_check, ready_file
+from ext_proc.service.contract import DRAIN_SECONDS, PORT_TAKEN, ready_file
 
 log = logging.getLogger("cordon.server")
 
@@ -58,7 +62,7 @@ def reserve_ports(settings: Settings) -> list[socket.socket]:
 def serve(settings: Settings) -> int:
     """Supervise WORKERS worker processes until SIGTERM/SIGINT; restart any that dies."""
     # A bad policy (or one this deployment cannot honour) is a startup error here, not in N workers.
-    load_policy_dir(settings.policy_dir, check=policy_check(settings))
+    check_policy_dir(settings.policy_dir, tenant_secret=settings.tenant_secret is not None)
     settings.load_receipt_secret(create=True)  # made once here, read by every worker
     for stale in (settings.run_dir / "extproc").glob("worker-*.ready"):
         stale.unlink()

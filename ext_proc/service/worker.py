@@ -21,7 +21,6 @@ import logging
 import os
 import signal
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -39,22 +38,18 @@ from ext_proc.policy.load import PolicyCheck, deployment_check
 from ext_proc.policy.model import PolicySet
 from ext_proc.policy.reload import PolicySource
 from ext_proc.runtime.config import Settings
+from ext_proc.service.contract import DRAIN_SECONDS, LIVENESS_SERVICE, PORT_TAKEN, ready_file
 from ext_proc.storage.vault import Vault
 
 log = logging.getLogger("cordon.server")
 
-DRAIN_SECONDS = 20.0
 LARGE_BODY_BYTES = 256 * 1024
 SERVICE_NAME = "envoy.service.ext_proc.v3.ExternalProcessor"
-LIVENESS_SERVICE = "liveness"
 READINESS_SERVICES = ("", SERVICE_NAME)
 METRICS_SECONDS = 1.0
 READY_SECONDS = 1.0
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-# The exit code of a worker whose port is taken: the supervisor stops with an error naming the
-# port instead of restarting it, since another try would find the port taken again.
-PORT_TAKEN = 69
 
 
 class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]  # generated, untyped
@@ -89,10 +84,6 @@ def _body_size(request: pb.ProcessingRequest) -> int:
     if phase == "response_body":
         return len(request.response_body.body)
     return 0
-
-
-def ready_file(settings: Settings, index: int) -> Path:
-    return settings.run_dir / "extproc" / f"worker-{index}.ready"
 
 
 def policy_check(settings: Settings) -> PolicyCheck:

@@ -36,21 +36,20 @@ The key names no surrogate and the entry no plaintext; the entry expires `vaultT
 the last request that used it (then the surrogate may go to another value).
 
 Neither the secret, a key, a value nor a ciphertext is ever logged; errors name the failure only.
+
+`cryptography` is imported when a `Vault` is made (a worker's start), not with this module: a
+worker without TENANT_SECRET makes none and never loads it (several MiB per worker).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import os
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar
-
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from typing import TYPE_CHECKING, TypeVar
 
 from ext_proc.audit.receipts.chain import tenant_key
 from ext_proc.audit.receipts.record import valid_tenant
@@ -59,6 +58,9 @@ from ext_proc.storage.redis_client import RedisClient, bounded, connect
 from ext_proc.transform.grammar import pseudonym_label
 from ext_proc.transform.placeholders import normalise_value
 from ext_proc.transform.surrogates import MAX_ATTEMPTS, candidate, claim_form
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 _T = TypeVar("_T")
 
@@ -83,6 +85,18 @@ class TenantKeys:
         return "TenantKeys(…)"
 
 
+@functools.cache
+def _cipher() -> tuple[type[AESGCM], type[Exception]]:
+    """AES-GCM and the error of a ciphertext that does not authenticate, imported once (with the
+    key derivation's modules, so no request imports any)."""
+    from cryptography.exceptions import InvalidTag
+    from cryptography.hazmat.primitives import hashes  # noqa: F401  # for derive_keys
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    from cryptography.hazmat.primitives.kdf import hkdf  # noqa: F401  # for derive_keys
+
+    return AESGCM, InvalidTag
+
+
 def _as_bytes(blob: bytes | str | None) -> bytes | None:
     """A value as Redis returned it: bytes (this client never decodes responses)."""
     return blob.encode("utf-8", "surrogateescape") if isinstance(blob, str) else blob
@@ -91,6 +105,9 @@ def _as_bytes(blob: bytes | str | None) -> bytes | None:
 def derive_keys(secret: str, tenant: str) -> TenantKeys:
     if not valid_tenant(tenant):
         raise ValueError("not a tenant name")
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
     ikm = secret.encode("utf-8")
 
     def derive(purpose: bytes) -> bytes:
@@ -108,8 +125,9 @@ def seal(
     key: bytes, tenant: str, placeholder: str, original: str, purpose: bytes = b"cordon/vault/v1"
 ) -> bytes:
     """One entry's stored bytes: version, a random nonce, AES-256-GCM of the UTF-8 value."""
+    aes_gcm, _ = _cipher()
     nonce = os.urandom(NONCE_BYTES)
-    ciphertext = AESGCM(key).encrypt(
+    ciphertext = aes_gcm(key).encrypt(
         nonce, original.encode("utf-8", "surrogatepass"), associated_data(tenant, placeholder, purpose)
     )
     return VERSION + nonce + ciphertext
@@ -119,12 +137,13 @@ def unseal(
     key: bytes, tenant: str, placeholder: str, blob: bytes, purpose: bytes = b"cordon/vault/v1"
 ) -> str | None:
     """The value of an entry, or None when it is not one this tenant wrote for this placeholder."""
+    aes_gcm, invalid_tag = _cipher()
     if len(blob) < 1 + NONCE_BYTES + 16 or blob[:1] != VERSION:
         return None
     nonce, ciphertext = blob[1 : 1 + NONCE_BYTES], blob[1 + NONCE_BYTES :]
     try:
-        plain = AESGCM(key).decrypt(nonce, ciphertext, associated_data(tenant, placeholder, purpose))
-    except InvalidTag:
+        plain = aes_gcm(key).decrypt(nonce, ciphertext, associated_data(tenant, placeholder, purpose))
+    except invalid_tag:
         return None
     return plain.decode("utf-8", "surrogatepass")
 
@@ -177,6 +196,7 @@ class Vault:
             raise ValueError("key_prefix must be non-empty, without braces or glob characters")
         if not secret:
             raise ValueError("the vault needs TENANT_SECRET")
+        _cipher()  # loaded now, at the worker's start, rather than inside its first request
         self._redis = client
         self._secret = secret
         self._prefix = key_prefix

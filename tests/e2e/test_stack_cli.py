@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from ext_proc.runtime.stack import port_free
-from ext_proc.service.worker import PORT_TAKEN
+from ext_proc.service.contract import PORT_TAKEN
 from tests.support.e2e import SENTENCE, chat_body, leaked, request
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.harness import free_ports, redis_server, stack_env, write_policies
@@ -201,3 +201,24 @@ def test_serve_stops_when_a_worker_finds_its_port_taken(tmp_path: Path) -> None:
     events = [json.loads(line).get("event") for line in stderr.splitlines() if line.startswith("{")]
     assert "worker_port_taken" in events and "worker_exited" not in events
     assert all(port_free("127.0.0.1", port) for port in ports_of(env) if port != taken)
+
+
+def test_serve_refuses_a_bad_policy_naming_file_key_and_reason(tmp_path: Path) -> None:
+    """The supervisor checks the policies (in a child, so it never holds the detectors) before it
+    reserves a port: a bad file, or one this deployment cannot honour, is a startup error that
+    names the file, the key and the reason, with exit status 1 and nothing left listening."""
+    policies = tmp_path / "policies"
+    write_policies(policies)
+    env = stack_env(tmp_path / "run", policies, "redis://127.0.0.1:1/0", "http://127.0.0.1:1")
+    (policies / "broken.yaml").write_text("tenant: broken\nmode: sometimes\n")
+    result = serve(env)
+    assert result.returncode == 1
+    reason = f"policy error: {policies}/broken.yaml: mode: must be one of reversible, surrogate, strip, off"
+    assert startup_failures(result.stderr) == [reason]
+    (policies / "broken.yaml").write_text("tenant: broken\nconsistentPseudonyms: true\n")
+    result = serve(env)
+    assert result.returncode == 1
+    (reason,) = startup_failures(result.stderr)
+    expected = f"policy error: {policies}/broken.yaml: consistentPseudonyms: needs TENANT_SECRET"
+    assert reason.startswith(expected)
+    assert all(port_free("127.0.0.1", port) for port in ports_of(env))

@@ -11,7 +11,8 @@ from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.sentinel import SentinelConnectionPool
 
 from ext_proc.audit.receipts.verify import verify_cli
-from ext_proc.storage.redis_client import RedisTarget, RedisUrlError, check_url, connect, parse_url
+from ext_proc.storage.redis_client import connect
+from ext_proc.storage.redis_url import RedisTarget, RedisUrlError, check_url, parse_url
 
 PASSWORD = "pa55-W0rd!s3cret"
 
