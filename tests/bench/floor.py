@@ -22,18 +22,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import subprocess
 import sys
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TypeAlias
 
 import grpc
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+from tests.bench.children import port_child
 
 ProcessingMode: TypeAlias = processing_mode_pb2.ProcessingMode
 BUFFERED = ProcessingMode.BodySendMode.BUFFERED
@@ -121,30 +121,11 @@ class FloorServer:
 @contextlib.contextmanager
 def floor_process() -> Iterator[FloorServer]:
     """The floor server in a child process; yields its port and pid, and its shapes after."""
-    root = Path(__file__).resolve().parents[2]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tests.bench.floor"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=root,
-    )
-    assert process.stdin is not None and process.stdout is not None
-    try:
-        line = process.stdout.readline().strip()
-        if not line.isdigit():
-            raise SystemExit("bench: the floor ext_proc server did not start")
-        server = FloorServer(int(line), process.pid)
+    with port_child(["-m", "tests.bench.floor"], "the floor ext_proc server") as child:
+        server = FloorServer(child.port, child.pid)
         yield server
-    finally:
-        try:
-            out, _ = process.communicate(timeout=10)  # closes its stdin: the server stops
-        except subprocess.TimeoutExpired:
-            process.terminate()
-            process.wait(5)
-            out = ""
     with contextlib.suppress(ValueError, IndexError):  # it died: no shapes to show
-        server.shapes = {int(k): v for k, v in json.loads(out.strip().splitlines()[-1]).items()}
+        server.shapes = {int(k): v for k, v in json.loads(child.output.strip().splitlines()[-1]).items()}
 
 
 if __name__ == "__main__":

@@ -39,7 +39,6 @@ import argparse
 import contextlib
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -62,6 +61,7 @@ from tests.bench.bodies import (
     subject_header,
     values_in,
 )
+from tests.bench.children import port_child
 from tests.bench.client import SEQUENTIAL_ERRORS, build_request
 from tests.bench.floor import floor_process
 from tests.bench.in_process import pipeline, pipeline_timer, sse_restore
@@ -114,27 +114,8 @@ with FakeUpstream(max_received=4) as fake:
 @contextlib.contextmanager
 def upstream_process() -> Iterator[int]:
     """The fake upstream in a child process (its own GIL); yields its port."""
-    root = Path(__file__).resolve().parents[2]
-    process = subprocess.Popen(
-        [sys.executable, "-c", UPSTREAM_CHILD],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=root,
-    )
-    assert process.stdin is not None and process.stdout is not None
-    try:
-        line = process.stdout.readline().strip()
-        if not line.isdigit():
-            raise SystemExit("bench: the fake upstream did not start")
-        yield int(line)
-    finally:
-        process.stdin.close()
-        try:
-            process.wait(5)
-        except subprocess.TimeoutExpired:
-            process.terminate()
-            process.wait(5)
+    with port_child(["-c", UPSTREAM_CHILD], "the fake upstream") as child:
+        yield child.port
 
 
 def measure(
