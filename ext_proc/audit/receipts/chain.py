@@ -124,6 +124,10 @@ REPEATED = 4  # {4, head}: this same call appended before; nothing appended twic
 # the head hash: two exchanges with equal fields in one millisecond, chained onto the same prev,
 # hash alike; only the second one's re-chaining keeps both.)
 #
+# Appended, it publishes the last record's stream id and hash on a channel named after the head
+# key, for the other writers' next guess of `prev` (ext_proc.audit.receipts.heads): advisory, so
+# through `pcall` (a Redis user without pub/sub rights still appends).
+#
 # The turn is only about liveness: a writer that keeps its own head cached would otherwise win
 # every race against writers that first have to learn the new head. The first loser takes the turn;
 # while it lasts only its holder may append; its append ends it. The CAS alone keeps the chain whole.
@@ -156,6 +160,7 @@ if head == ARGV[1] and (not turn or turn == ARGV[3]) then
   if turn then
     redis.call('DEL', KEYS[3])
   end
+  redis.pcall('PUBLISH', KEYS[2], out[#out] .. ' ' .. last)
   return out
 end
 if not turn then
@@ -249,6 +254,18 @@ class ChainRedis:
 
     def call_key(self, tenant: str, token: str) -> str:
         return self._key(tenant, f"call:{token}")
+
+    def head_key_pattern(self) -> str:
+        """Every chain's head key under this prefix, as a glob (the appends' head channels)."""
+        return f"{self.prefix}:{{*}}:head"
+
+    def head_key_tenant(self, name: str) -> str | None:
+        """The tenant of a head key (or head channel) name under this prefix; None for another."""
+        start, end = f"{self.prefix}:{{", "}:head"
+        if not (name.startswith(start) and name.endswith(end)):
+            return None
+        tenant = name[len(start) : -len(end)]
+        return tenant if valid_tenant(tenant) else None
 
     def trimmed_key(self, tenant: str) -> str:
         return self._key(tenant, "trimmed")

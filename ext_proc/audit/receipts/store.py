@@ -111,6 +111,7 @@ class ReceiptStore:
         for task in [*self._drains.values()]:
             task.cancel()
         self._writer.clocks.cancel()
+        await self._writer.hints.aclose()
         self._settler.cancel()
         await self._settler.aclose()
         await self._chains.aclose()

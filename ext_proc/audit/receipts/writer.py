@@ -28,9 +28,11 @@ from ext_proc.audit.receipts.chain import (
     ChainRedis,
     ReceiptError,
     ScriptArg,
+    id_key,
     text,
 )
 from ext_proc.audit.receipts.clock import RedisClocks
+from ext_proc.audit.receipts.heads import HeadHints
 from ext_proc.audit.receipts.record import GENESIS, Receipt, ReceiptFields, canonical_json, record_hash
 from ext_proc.storage.redis_client import REDIS_ERRORS
 
@@ -59,6 +61,10 @@ class ChainWriter:
         self._writer_id = secrets.token_hex(8)
         self.clocks = RedisClocks(chains)
         self._heads: dict[str, str] = {}  # the last head seen per tenant: a guess, the script decides
+        # The newest record known per tenant, by stream id, and its hash: a hint (or an answer)
+        # about an older record, arriving late, must not replace a newer guess.
+        self._newest: dict[str, tuple[tuple[int, int], str]] = {}
+        self.hints = HeadHints(chains, self.heard)
         self._confirmed: dict[str, str] = {}  # the last head Redis itself answered per tenant
         self._in_flight: dict[str, list[tuple[str, str]]] = {}  # links of a script sent, unanswered
         self.vanished: set[str] = set()  # chains this process appended to that were restarted
@@ -69,9 +75,21 @@ class ChainWriter:
         """The tenants this process has appended a record of (or seen a record of) in Redis."""
         return {tenant for tenant, head in self._confirmed.items() if head != GENESIS}
 
+    def heard(self, tenant: str, stream_id: str, head: str) -> None:
+        """A record appended to `tenant`'s chain (by any writer): its hash is the next guess."""
+        try:
+            at = id_key(stream_id)
+        except ValueError:
+            return
+        known = self._newest.get(tenant)
+        if known is None or at > known[0]:
+            self._newest[tenant] = (at, head)
+            self._heads[tenant] = head
+
     async def write(self, tenant: str, batch: list[ReceiptFields], deadline: float) -> list[Receipt]:
         """Append `batch` in order within `deadline` (this loop's clock); every failure as a
         ReceiptError, naming the records whose script was sent but not answered."""
+        self.hints.start()
         try:
             async with asyncio.timeout_at(deadline):
                 return await self._append(tenant, batch, deadline)
@@ -111,10 +129,14 @@ class ChainWriter:
             del self._in_flight[tenant]
             status = answer[0]
             if status in (APPENDED, REPEATED):
-                self._heads[tenant] = self._confirmed[tenant] = link
-                if status == APPENDED:  # a repeated call's ids were in the answer that was lost
+                self._confirmed[tenant] = link
+                if status == REPEATED:  # its ids were in the answer that was lost
+                    self._heads[tenant] = link
+                else:
                     anchors = self.anchors.setdefault(tenant, collections.deque(maxlen=ANCHORS_PER_TENANT))
                     anchors.extend((text(i), h) for i, (_, h) in zip(answer[1:], chained, strict=True))
+                    # The next guess, unless another writer's later record was heard meanwhile.
+                    self.heard(tenant, text(answer[-1]), link)
                 return [
                     Receipt.chained(receipt_fields, p, h)
                     for receipt_fields, (p, h) in zip(batch, chained, strict=True)
@@ -133,6 +155,7 @@ class ChainWriter:
                 self.vanished.add(tenant)
                 log.error(json.dumps({"event": "receipt_chain_restarted", "tenant": tenant}))
             prev = self._heads[tenant] = self._confirmed[tenant] = head
+            self._newest.pop(tenant, None)  # Redis's answer outranks whatever was heard before it
             if status == RACE_LOST:  # another writer's turn: give it about a round trip
                 await asyncio.sleep(random.uniform(0.0001, 0.0006))
         raise ReceiptError(f"receipt append lost {self._max_attempts} races for the chain head in a row")
