@@ -102,6 +102,11 @@ class ExchangeRecord:
             return
         self._logged = True
         ms = round((time.perf_counter() - self.started) * 1000, 3)
+        if log.isEnabledFor(logging.INFO):  # built and encoded for nothing under LOG_LEVEL=WARNING
+            self._log_line(ms)
+        self._count(ms)
+
+    def _log_line(self, ms: float) -> None:
         line: dict[str, object] = {
             "event": "exchange",
             "tenant": self.tenant,
@@ -121,7 +126,6 @@ class ExchangeRecord:
         if self.gap:
             line["gap"] = self.gap
         log.info(json.dumps(line, separators=(",", ":")))
-        self._count(ms)
 
     def _count(self, total_ms: float) -> None:
         metrics = self.metrics

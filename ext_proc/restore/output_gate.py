@@ -31,6 +31,7 @@ import hashlib
 import json
 import re
 import secrets
+import weakref
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -83,6 +84,24 @@ API_OBJECT_KEYS = frozenset(
         "output_tokens_details",
     }
 )  # fmt: skip
+
+# The names the three APIs give their own fields, for `OutputGate._read_name`: every reply and
+# event repeats a few dozen of them. Only names from this code are remembered, never a reply's text.
+API_NAMES = STRUCTURAL_KEYS | API_OBJECT_KEYS | frozenset(
+    {
+        "prompt_tokens", "completion_tokens", "total_tokens", "cached_tokens", "audio_tokens",
+        "reasoning_tokens", "accepted_prediction_tokens", "rejected_prediction_tokens",
+        "input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens",
+        "cache_creation", "ephemeral_5m_input_tokens", "ephemeral_1h_input_tokens",
+        "server_tool_use", "web_search_requests", "refusal", "name", "arguments", "partial_json",
+        "input", "thinking", "output_text", "output_index", "content_index", "sequence_number",
+        "incomplete_details", "instructions", "max_output_tokens", "metadata", "parallel_tool_calls",
+        "temperature", "tool_choice", "tools", "top_p", "truncation", "store", "user", "stop",
+    }
+)  # fmt: skip
+# Per catalog, the API_NAMES it has read and found nothing in (a catalog is compiled once per set
+# of policy knobs and detection is a function of catalog and text: the answer cannot change).
+_CLEAN_NAMES: weakref.WeakKeyDictionary[Catalog, set[str]] = weakref.WeakKeyDictionary()
 
 # The window's left edge moves to the first whitespace within this many characters, so it does
 # not start inside a token (half a token can look like a value of its own).
@@ -181,10 +200,28 @@ class OutputGate:
             return found
         if self._streamed and self.digest(text) in self._streamed:
             return False
-        found = self._take(self._neutralise(text), 0, whole=True)
+        if text in API_NAMES:
+            found = self._read_name(text)
+        else:
+            found = self._take(self._neutralise(text), 0, whole=True)
         if short and len(self._read) < SEEN_TEXTS:
             self._read[text] = found
         return found
+
+    def _read_name(self, name: str) -> bool:
+        """`read` of one of the API_NAMES: the same reading, skipped where this catalog found
+        nothing in the name before (the catalog's memo costs a keyed digest and two lookups a
+        text, and these are most of the strings of a short reply)."""
+        neutral = self._neutralise(name)
+        if neutral != name:
+            return self._take(neutral, 0, whole=True)
+        clean = _CLEAN_NAMES.get(self.catalog)
+        if clean is not None and name in clean:
+            return False
+        if self.detect(name):
+            return self._take(name, 0, whole=True)
+        _CLEAN_NAMES.setdefault(self.catalog, set()).add(name)
+        return False
 
     def read_event(self, node: Any, size: int) -> bool:
         """`read_tree` for a stream event of `size` bytes: a small one whose other strings are all
