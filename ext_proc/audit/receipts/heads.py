@@ -27,6 +27,7 @@ from ext_proc.storage.redis_client import REDIS_ERRORS
 
 LISTEN_SECONDS = 1.0  # one read's wait for a message (the socket timeout is the append's, short)
 RETRY_SECONDS = 1.0  # between a lost subscription and the next try
+CLOSE_SECONDS = 2.0  # the longest closing waits for the listener to end
 
 _LOST: tuple[type[Exception], ...] = (*REDIS_ERRORS, TimeoutError)
 
@@ -40,6 +41,7 @@ class HeadHints:
         self._chains = chains
         self._heard = heard
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
 
     def start(self) -> None:
         """Listen from now on (in the running loop); again, it does nothing."""
@@ -49,17 +51,20 @@ class HeadHints:
     async def aclose(self) -> None:
         task, self._task = self._task, None
         if task is not None:
+            self._stopping = True
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            # redis-py may turn a cancellation inside a connection attempt into a connection error
+            # (a Sentinel's master lookup does), which the loop takes for Redis being away: the
+            # flag ends it at its next turn, and closing never waits longer than this.
+            await asyncio.wait({task}, timeout=CLOSE_SECONDS)
 
     async def _listen(self) -> None:
         pattern = self._chains.head_key_pattern()
-        while True:
+        while not self._stopping:
             pubsub = self._chains.writer.pubsub()
             try:
                 await pubsub.psubscribe(pattern)
-                while True:
+                while not self._stopping:
                     message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=LISTEN_SECONDS)
                     if message is not None and message.get("type") == "pmessage":
                         self._take(message["channel"], message["data"])
@@ -68,7 +73,8 @@ class HeadHints:
             finally:
                 with contextlib.suppress(*_LOST):
                     await pubsub.aclose()  # type: ignore[no-untyped-call]  # unannotated in redis-py
-            await asyncio.sleep(RETRY_SECONDS)
+            if not self._stopping:
+                await asyncio.sleep(RETRY_SECONDS)
 
     def _take(self, channel: bytes | str, data: bytes | str) -> None:
         tenant = self._chains.head_key_tenant(_decoded(channel))
