@@ -9,7 +9,6 @@ import asyncio
 import json
 import os
 import socket
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,12 +23,12 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from ext_proc.detect.subjects.header import parse_subject_header
 from ext_proc.runtime import bootstrap
 from ext_proc.runtime.config import ConfigError, Settings, parse_upstream
-from ext_proc.runtime.stack import Stack, StackError, envoy_binary
+from ext_proc.runtime.stack import Stack, StackError
 from tests.bench import bodies, client, in_process, run, stack_lines, table
 from tests.bench.floor import BUFFERED, STREAMED, floor_process
 from tests.support.e2e import PERSON, SAMPLES
 from tests.support.fake_upstream import FakeUpstream
-from tests.support.harness import free_port
+from tests.support.harness import assert_envoy_accepts, free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -242,14 +241,7 @@ def test_floor_listeners_and_their_cluster(tmp_path: Path) -> None:
         "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
     ]
     assert "http2_protocol_options" in options["explicit_http_config"]
-    result = subprocess.run(
-        [envoy_binary(), "--mode", "validate", "-c", str(tmp_path / "envoy.yaml"), "--log-level", "warn"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert_envoy_accepts(tmp_path / "envoy.yaml")
 
 
 def test_a_floor_listener_needs_its_server_and_a_free_port(tmp_path: Path) -> None:

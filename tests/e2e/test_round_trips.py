@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import http.client
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from threading import Thread
@@ -32,7 +30,7 @@ import pytest
 
 from tests.support.e2e import SAMPLES, Reply, chat_body, last_sent, leaked, request
 from tests.support.fake_upstream import FakeUpstream
-from tests.support.harness import KEYS, RunningStack, running_stack
+from tests.support.harness import KEYS, RunningStack, envoy_stats, running_stack
 from tests.support.receipts import records
 
 pytestmark = pytest.mark.e2e
@@ -180,14 +178,7 @@ def gated(paced: tuple[RunningStack, PacedUpstream]) -> RunningStack:
 
 def ext_proc_counters(stack: RunningStack) -> dict[str, int]:
     """The plain listener's ext_proc filter counters, by their name after the prefix."""
-    url = f"http://127.0.0.1:{stack.settings.envoy_admin_port}/stats?filter={urllib.parse.quote(STATS)}"
-    with urllib.request.urlopen(url, timeout=5) as reply:
-        text = reply.read().decode()
-    counters = {}
-    for line in text.splitlines():
-        name, sep, value = line.partition(": ")
-        if sep and value.strip().isdigit():
-            counters[name.removeprefix("http.plain.ext_proc.")] = int(value)
+    counters = {name.removeprefix("http.plain.ext_proc."): n for name, n in envoy_stats(stack, STATS).items()}
     assert "stream_msgs_sent" in counters, "Envoy's ext_proc counters have other names"
     return counters
 

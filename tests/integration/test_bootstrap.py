@@ -9,7 +9,6 @@ import re
 import socket
 import ssl
 import stat
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,8 +24,8 @@ from ext_proc.dialects.routes import ROUTE_PROVIDERS
 from ext_proc.runtime import bootstrap
 from ext_proc.runtime.config import ConfigError, Settings, parse_upstream
 from ext_proc.runtime.hcm import READY_ROUTE
-from ext_proc.runtime.stack import Stack, StackError, envoy_binary
-from tests.support.harness import free_port, free_ports
+from ext_proc.runtime.stack import Stack, StackError
+from tests.support.harness import assert_envoy_accepts, free_port, free_ports
 
 MAX_BODY = 1_048_576  # not the default, so a hard-coded limit would show
 EXT_PROC = "envoy.filters.http.ext_proc"
@@ -122,17 +121,6 @@ def routes(doc: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 
 # --- the rendered bootstrap ---------------------------------------------------------------------
-
-
-def assert_envoy_accepts(path: Path) -> None:
-    result = subprocess.run(
-        [envoy_binary(), "--mode", "validate", "-c", str(path), "--log-level", "warn"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_envoy_validates_the_bootstrap(rendered: Rendered) -> None:

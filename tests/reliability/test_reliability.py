@@ -42,7 +42,15 @@ from ext_proc.runtime import bootstrap
 from ext_proc.runtime.stack import workers_serving
 from tests.support.e2e import SAMPLES, SENTENCE, chat_body, leaked
 from tests.support.fake_upstream import ECHO_PREFIX
-from tests.support.harness import ADMIN_TOKEN, KEYS, RECEIPT_SECRET, RedisProcess, RunningStack, running_stack
+from tests.support.harness import (
+    ADMIN_TOKEN,
+    KEYS,
+    RECEIPT_SECRET,
+    RedisProcess,
+    RunningStack,
+    envoy_stats,
+    running_stack,
+)
 from tests.support.receipts import client, everything_in_redis, records, verify
 from tests.support.reliability import (
     DIALECTS,
@@ -61,7 +69,6 @@ from tests.support.reliability import (
     UpstreamAudit,
     alive,
     closed_loop,
-    envoy_stats,
     exchange_log,
     files_under,
     make_call,

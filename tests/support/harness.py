@@ -15,13 +15,15 @@ import socket
 import subprocess
 import threading
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ext_proc.policy.model import hash_api_key
 from ext_proc.runtime.config import Settings
-from ext_proc.runtime.stack import Stack, port_free, redis_binary, wait_port
+from ext_proc.runtime.stack import Stack, envoy_binary, port_free, redis_binary, wait_port
 from tests.support.fake_upstream import FakeUpstream
 
 # API keys of the test tenants (invented; the policy files store only their digests).
@@ -379,3 +381,32 @@ async def relay(
             dst.close()
 
     await asyncio.gather(pump(client_r, redis_w, False), pump(redis_r, client_w, True))
+
+
+# --- Envoy ---------------------------------------------------------------------------------------
+
+
+def assert_envoy_accepts(path: Path) -> None:
+    """The real Envoy accepts the bootstrap at `path` (`--mode validate`)."""
+    result = subprocess.run(
+        [envoy_binary(), "--mode", "validate", "-c", str(path), "--log-level", "warn"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def envoy_stats(stack: RunningStack, pattern: str) -> dict[str, int]:
+    """Envoy's counters and gauges whose names match the regex `pattern`."""
+    query = urllib.parse.quote(pattern)
+    url = f"http://127.0.0.1:{stack.settings.envoy_admin_port}/stats?filter={query}"
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        text = reply.read().decode()
+    out = {}
+    for line in text.splitlines():
+        name, sep, value = line.partition(": ")
+        if sep and value.strip().lstrip("-").isdigit():
+            out[name] = int(value)
+    return out

@@ -566,19 +566,6 @@ def slope_kib_per_minute(points: list[tuple[float, int]]) -> float:
 # --- Envoy and the metrics endpoint ------------------------------------------------------------
 
 
-def envoy_stats(stack: RunningStack, pattern: str) -> dict[str, int]:
-    """Envoy's counters and gauges whose names match the regex `pattern`."""
-    url = f"http://127.0.0.1:{stack.settings.envoy_admin_port}/stats?filter={pattern}"
-    with urllib.request.urlopen(url, timeout=5) as reply:
-        text = reply.read().decode()
-    out = {}
-    for line in text.splitlines():
-        name, sep, value = line.partition(": ")
-        if sep and value.strip().lstrip("-").isdigit():
-            out[name] = int(value)
-    return out
-
-
 def scrape(stack: RunningStack) -> str:
     url = f"http://127.0.0.1:{stack.settings.metrics_port}/metrics"
     with urllib.request.urlopen(url, timeout=5) as reply:
