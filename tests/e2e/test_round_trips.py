@@ -10,26 +10,21 @@ stray exchange would show as a second stream started.
 
 A streamed reply costs one message per piece of body Envoy reads from the upstream, and how a
 fast upstream's writes fall into Envoy's reads is up to TCP (a short stream that has all arrived
-while the reply headers are at the processor even goes as one). The stack's upstreams therefore
-sit behind `PacedUpstream`: the fake upstream's reply relayed as the whole JSON in one write, or
-as its SSE events one write each, `PACE` apart, so Envoy reads each event on its own and the count
-is the same on every run. Envoy sends the end of a chunked body as a message of its own, whether
-it arrives with the last event or after it (both measured): the relay sends them together.
+while the reply headers are at the processor even goes as one). The fake upstream is therefore
+told to pace its writes (`x-fake-pace-ms`): each SSE event its own write, `PACE_MS` after the last,
+so Envoy reads each event on its own and the count is the same on every run. Envoy sends the end
+of a chunked body as a message of its own, whether it arrives with the last event or after it
+(both measured): the paced fake sends them together.
 """
 
 from __future__ import annotations
 
-import http.client
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from threading import Thread
-from typing import Any
 
 import pytest
 
 from tests.support.e2e import SAMPLES, Reply, chat_body, last_sent, leaked, request
-from tests.support.fake_upstream import FakeUpstream
 from tests.support.harness import KEYS, RunningStack, envoy_stats, running_stack
 from tests.support.receipts import records
 
@@ -73,107 +68,26 @@ STREAM_EVENTS = 4  # the fake's chat stream of a one-delta reply: role, the text
 
 TENANTS = {"gate-deny": "outputGate: deny", "gate-off": "outputGate: off"}
 STATS = r"^http\.plain\.ext_proc\."
-PACE = 0.1  # seconds between a streamed reply's writes: far longer than Envoy takes to read one
+PACE_MS = "100"  # before each of the upstream's writes: far longer than Envoy takes to read one
 SETTLE_SECONDS = 2.0
 FOUND = f"Mail {SAMPLES['EMAIL']}, card {SAMPLES['CREDIT_CARD']}."
 NO_TENANT = "sk-test-no-tenant"  # matches no policy file: the default tenant
 # Never in a request (a request header would be read and rewritten): told to the upstream in process.
 REPLY_WITH_VALUE = f"Here it is: {SAMPLES['OPENAI_KEY']}"
 ONE_DELTA = {"x-fake-delta-chars": "1000"}  # the whole reply text in one event
-
-
-class _Relay(BaseHTTPRequestHandler):
-    """One Envoy connection: each request forwarded to the fake upstream, its reply written back
-    in writes whose boundaries this handler chooses."""
-
-    protocol_version = "HTTP/1.1"  # keep-alive, as Envoy's connection pool expects
-    disable_nagle_algorithm = True  # a write leaves at once, never joined to the next
-    server: _PacedServer
-
-    def do_POST(self) -> None:
-        length = int(self.headers.get("content-length") or 0)
-        body = self.rfile.read(length)
-        forwarded = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
-        connection = http.client.HTTPConnection("127.0.0.1", self.server.target_port, timeout=30)
-        try:
-            connection.request("POST", self.path, body, forwarded)
-            reply = connection.getresponse()
-            data = reply.read()
-            kept = [(k, v) for k, v in reply.getheaders() if k.lower() not in _HOP]
-        finally:
-            connection.close()
-        head = [f"HTTP/1.1 {reply.status} {reply.reason}", *(f"{k}: {v}" for k, v in kept)]
-        if not (reply.getheader("content-type") or "").startswith("text/event-stream"):
-            head.append(f"content-length: {len(data)}")
-            self.wfile.write(_head(head) + data)
-            return
-        self.wfile.write(_head([*head, "transfer-encoding: chunked"]))
-        events = [event + b"\n\n" for event in data.split(b"\n\n") if event.strip()]
-        self.server.chunks = len(events)
-        for n, event in enumerate(events, start=1):
-            time.sleep(PACE)
-            frame = b"%x\r\n%s\r\n" % (len(event), event)
-            self.wfile.write(frame + b"0\r\n\r\n" if n == len(events) else frame)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Quiet: the stack's own logs say what happened."""
-
-
-_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length"}
-
-
-def _head(lines: list[str]) -> bytes:
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-
-
-class _PacedServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, target_port: int) -> None:
-        super().__init__(("127.0.0.1", 0), _Relay)
-        self.target_port = target_port
-        self.chunks = 0  # writes of the last streamed reply's body
-
-
-class PacedUpstream:
-    """A relay in front of a FakeUpstream that fixes how its replies are split into writes."""
-
-    def __init__(self, target: FakeUpstream) -> None:
-        self.server = _PacedServer(target.port)
-        self.thread = Thread(target=self.server.serve_forever, name="paced-upstream", daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def __enter__(self) -> PacedUpstream:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=5)
+PACED = {"x-fake-pace-ms": PACE_MS}
 
 
 @pytest.fixture(scope="module")
-def paced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningStack, PacedUpstream]]:
-    tmp = tmp_path_factory.mktemp("round-trips")
-    with (
-        FakeUpstream() as fake,
-        PacedUpstream(fake) as relay,
-        running_stack(
-            tmp, upstream=fake, tenants=TENANTS, OPENAI_UPSTREAM=relay.url, ANTHROPIC_UPSTREAM=relay.url
-        ) as stack,
-    ):
-        yield stack, relay
+def paced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
+    with running_stack(tmp_path_factory.mktemp("round-trips"), tenants=TENANTS) as stack:
+        yield stack
 
 
 @pytest.fixture
-def gated(paced: tuple[RunningStack, PacedUpstream]) -> RunningStack:
-    running = paced[0]
-    running.upstream.reset()
-    return running
+def gated(paced: RunningStack) -> RunningStack:
+    paced.upstream.reset()
+    return paced
 
 
 def ext_proc_counters(stack: RunningStack) -> dict[str, int]:
@@ -207,13 +121,13 @@ def messages(n: int, **others: int) -> dict[str, int]:
 
 def chat(stack: RunningStack, text: str, key: str = NO_TENANT, *, stream: bool = False) -> Reply:
     body = chat_body(text, stream=True) if stream else chat_body(text)
-    headers = {"authorization": f"Bearer {key}", **ONE_DELTA}
+    headers = {"authorization": f"Bearer {key}", **ONE_DELTA, **PACED}
     return request(stack.settings.listen_port, "POST", "/v1/chat/completions", body, headers)
 
 
 def anthropic(stack: RunningStack, text: str) -> Reply:
     body = {"model": "claude-x", "max_tokens": 64, "messages": [{"role": "user", "content": text}]}
-    headers = {"x-api-key": NO_TENANT, "anthropic-version": "2023-06-01"}
+    headers = {"x-api-key": NO_TENANT, "anthropic-version": "2023-06-01", **PACED}
     return request(stack.settings.listen_port, "POST", "/v1/messages", body, headers)
 
 
@@ -235,13 +149,12 @@ def test_chat_with_findings_restored_in_a_json_reply(gated: RunningStack) -> Non
     check("chat, email and card, JSON reply", delta)
 
 
-def test_chat_with_findings_restored_in_a_stream(
-    gated: RunningStack, paced: tuple[RunningStack, PacedUpstream]
-) -> None:
+def test_chat_with_findings_restored_in_a_stream(gated: RunningStack) -> None:
     reply, delta = exchange_delta(gated, lambda: chat(gated, FOUND, stream=True))
     assert reply.status == 200 and leaked(last_sent(gated)) == []
     assert sorted(leaked(reply.body)) == ["CREDIT_CARD", "EMAIL"]
-    assert paced[1].server.chunks == STREAM_EVENTS, "the fake's stream has another shape"
+    events = [line for line in reply.body.decode().splitlines() if line.startswith("data:")]
+    assert len(events) == STREAM_EVENTS, "the fake's stream has another shape"
     check("chat, email and card, SSE reply", delta)
 
 

@@ -17,7 +17,9 @@ Behaviours (constructor keywords, :meth:`FakeUpstream.set_behaviour`, or per req
 ``x-fake-<name>`` header, ``_`` or ``-`` in the name; the header wins) shape the reply and the
 transport: fixed ``reply`` text (where ``{{said}}`` is the caller's last input, ``{{said:N}}`` its
 line N), ``tool`` calls, ``thinking``, odd ``chunk_bytes`` splits,
-``delta_chars`` per delta, ``delay_ms`` between writes, ``stall_after_bytes`` / ``stall_s``,
+``delta_chars`` per delta, ``delay_ms`` between writes, ``pace_ms`` before every write (the
+first included, the end of a chunked body sent with its last piece: each piece read on its own,
+however fast the reader), ``stall_after_bytes`` / ``stall_s``,
 ``truncate_after_bytes``, ``fail_status`` and ``escape_brackets`` (``<``/``>`` as ``\\u003c``/
 ``\\u003e``; ``deep`` also inside tool-argument JSON text). ``raw`` sends any bytes instead of the
 API's reply (in-process only: bytes, or a list of byte strings written one by one), with
@@ -66,6 +68,7 @@ BEHAVIOUR_DEFAULTS: dict[str, Any] = {
     "chunk_bytes": 0,  # >0: split the body byte stream into writes of this size; 0: one write per event
     "delta_chars": 4,  # characters per text / argument delta event
     "delay_ms": 0.0,  # sleep between writes
+    "pace_ms": 0.0,  # sleep before every write; a chunked body's end goes with its last piece
     "stall_after_bytes": None,  # stop writing after N body bytes, hold the connection, then close
     "stall_s": 30.0,  # how long a stall holds the connection (cut short by stop())
     "truncate_after_bytes": None,  # close the connection after N body bytes
@@ -83,6 +86,7 @@ _KINDS: dict[str, str] = {
     "chunk_bytes": "int",
     "delta_chars": "int",
     "delay_ms": "float",
+    "pace_ms": "float",
     "stall_after_bytes": "optint",
     "stall_s": "float",
     "truncate_after_bytes": "optint",
@@ -871,6 +875,8 @@ class _BodyWriter:
         self.chunked = chunked
         self.chunk_bytes: int = beh["chunk_bytes"]
         self.delay_s: float = beh["delay_ms"] / 1000.0
+        self.pace_s: float = beh["pace_ms"] / 1000.0
+        self.held = b""  # paced: the last framed piece, sent at the next write or with the end
         self.stall_after: int | None = beh["stall_after_bytes"]
         self.stall_s: float = beh["stall_s"]
         self.truncate_after: int | None = beh["truncate_after_bytes"]
@@ -898,8 +904,11 @@ class _BodyWriter:
         limit = self._limit()
         if limit is not None and self.sent >= limit:
             self._cut()
-        if self.chunked:
-            self._send(b"0\r\n\r\n")
+        end = b"0\r\n\r\n" if self.chunked else b""
+        if self.held:
+            self._release(end)
+        elif end:
+            self._send(end)
 
     def _limit(self) -> int | None:
         points = [p for p in (self.stall_after, self.truncate_after) if p is not None]
@@ -917,12 +926,26 @@ class _BodyWriter:
     def _write(self, piece: bytes) -> None:
         if self.writes and self.delay_s:
             time.sleep(self.delay_s)
-        self._send(b"%x\r\n%s\r\n" % (len(piece), piece) if self.chunked else piece)
+        framed = b"%x\r\n%s\r\n" % (len(piece), piece) if self.chunked else piece
+        if self.pace_s:
+            if self.held:
+                self._release()
+            self.held = framed
+        else:
+            self._send(framed)
         self.sent += len(piece)
         self.writes += 1
 
+    def _release(self, end: bytes = b"") -> None:
+        """Paced: the held piece (with the body's end, when it is the last), after the pace."""
+        time.sleep(self.pace_s)
+        held, self.held = self.held, b""
+        self._send(held + end)
+
     def _cut(self) -> None:
         """Stall (hold the connection until ``stall_s``, the client leaves or stop()), then close."""
+        if self.held:
+            self._release()
         stall = self.stall_after is not None and (
             self.truncate_after is None or self.stall_after <= self.truncate_after
         )
