@@ -106,7 +106,11 @@ class Readings:
     word may follow)."""
 
     gap_prefixes: frozenset[str] = frozenset()
-    rereads: frozenset[str] = frozenset()  # the gap prefixes and every prefix of a date's key
+    rereads: frozenset[str] = frozenset()  # the gap prefixes and the date prefixes
+    date_prefixes: frozenset[str] = frozenset()  # every prefix of a date's key but MONTH_INSIDES
+    # Every prefix of a number's keys: a candidate read across a gap can only become one of them
+    # (READ_KINDS), so a gap is read only where the text after it stays inside these.
+    gap_reach: frozenset[str] = frozenset()
     dated: bool = False  # a date is declared
 
 
@@ -142,8 +146,11 @@ class CompiledSubjects:
     """The matchers of one header. Immutable after construction; safe to share across requests."""
 
     __slots__ = (
+        "_date_only",
+        "_date_prefixes",
         "_dated",
         "_gap_prefixes",
+        "_gap_reach",
         "_prefixes",
         "_rereads",
         "_starts",
@@ -174,6 +181,9 @@ class CompiledSubjects:
         # Segments that may begin a candidate: prefixes, and date words that read as one.
         starts = [w for reading, words in START_WORDS.items() if reading in prefixes for w in words]
         self._starts = prefixes.union(starts) if self._dated and starts else prefixes
+        self._date_only = self._starts - prefixes  # date words that begin a candidate read as one
+        self._date_prefixes = readings.date_prefixes
+        self._gap_reach = readings.gap_reach
 
     def __repr__(self) -> str:  # never the forms: they are declared values
         labels = sorted(self.labels)
@@ -200,20 +210,22 @@ class CompiledSubjects:
         rereads = self._rereads if not shortest else _NOTHING
         date_words = DATE_WORDS if self._dated else _NO_WORDS
         gap_prefixes = self._gap_prefixes
+        gap_reach = self._gap_reach
         starts = self._starts if not shortest else prefixes
-        date_starts = starts is not prefixes
+        date_only = self._date_only if not shortest else _NOTHING
         digits = _DIGITS
         connectors = GAP_CONNECTORS
         count = len(segments)
         budget = STEPS_PER_SEGMENT * count + STEPS_FLOOR
         for first in itertools.compress(itertools.count(), map(starts.__contains__, segments)):
             text = segments[first]
-            read = 0  # AS_WRITTEN
-            if date_starts and text not in prefixes:
+            if text in date_only:
                 start = date_start(segments, first, prefixes)  # "julio 14 de 1986"
                 if start is None:
                     continue
                 text, read = start, AS_DATE
+            else:
+                read = 0  # AS_WRITTEN
             bounds: tuple[int, ...] = ()
             last = first
             while True:
@@ -236,7 +248,7 @@ class CompiledSubjects:
                         if len(segment) > MAX_LOOSE_LETTERS and segment not in connectors:
                             break
                         continued = (text, text + segments[last + 1], last + 1, ACROSS_GAP)
-                        if continued[1] not in prefixes:
+                        if continued[1] not in gap_reach:
                             break
                     elif len(segment) == 1 or segment in connectors:
                         continued = self._reread(segments, first, last, text, bounds)
@@ -262,7 +274,7 @@ class CompiledSubjects:
     ) -> tuple[str, str, int, int] | None:
         """`text` continued from segment `at` as a written date, or across a gap between digit
         groups: (the text it continues, the continued text, the segment it ends on, how read)."""
-        if segments[at] in DATE_WORDS and self._dated:
+        if text in self._date_prefixes and segments[at] in DATE_WORDS:
             continued = date_continuation(segments, first, at, text, self._prefixes)
             if continued is not None:
                 return text, *continued, AS_DATE
@@ -275,7 +287,7 @@ class CompiledSubjects:
                 if continued is not None:
                     return base, *continued, AS_DATE
         if text in self._gap_prefixes:
-            continued = gap_continuation(segments, at, text, self._prefixes)
+            continued = gap_continuation(segments, at, text, self._gap_reach)
             if continued is not None:
                 return text, *continued, ACROSS_GAP
         return None
@@ -475,6 +487,7 @@ def _compile(header: SubjectHeader) -> CompiledSubjects:
     collected: dict[str, list[_Variant]] = {}
     prefix_sets: list[frozenset[str]] = []
     gap_sets: list[frozenset[str]] = []
+    reach_sets: list[frozenset[str]] = []
     date_sets: list[frozenset[str]] = []
     labels: set[str] = set()
     for subject in header.subjects:
@@ -495,6 +508,7 @@ def _compile(header: SubjectHeader) -> CompiledSubjects:
                 prefix_sets.append(compiled.prefixes)
                 if compiled.gap_prefixes:
                     gap_sets.append(compiled.gap_prefixes)
+                    reach_sets.append(compiled.prefixes)
                 if kind == "DOB":
                     date_sets.append(compiled.prefixes)
                 for key, required, case, weak in compiled.forms:
@@ -512,12 +526,14 @@ def _compile(header: SubjectHeader) -> CompiledSubjects:
         for key, vs in collected.items()
     }
     gap_prefixes: frozenset[str] = frozenset().union(*gap_sets)
-    rereads = gap_prefixes
-    if date_sets:
-        joined = set().union(*gap_sets, *date_sets)
-        joined.difference_update(MONTH_INSIDES)
-        rereads = frozenset(joined)
-    readings = Readings(gap_prefixes, rereads, bool(date_sets))
+    date_prefixes: frozenset[str] = frozenset().union(*date_sets).difference(MONTH_INSIDES)
+    readings = Readings(
+        gap_prefixes,
+        gap_prefixes.union(date_prefixes),
+        date_prefixes,
+        frozenset().union(*reach_sets),
+        bool(date_sets),
+    )
     prefixes: frozenset[str] = frozenset().union(*prefix_sets)
     return CompiledSubjects(header.digest, variants, prefixes, frozenset(labels), readings)
 
