@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from ext_proc.dialects import DIALECTS
 from ext_proc.transform.egress import EgressHit, check_body, exact_decimal
+from ext_proc.transform.grammar import COMPILE_AFTER, format_placeholder, own_markers, strip_marker
 from ext_proc.transform.walk import MAX_DEPTH, NestingTooDeep
 from tests.support.examples import example_count
 
@@ -159,3 +160,20 @@ def test_own_placeholders_are_read_as_separators_but_foreign_ones_are_read() -> 
     assert check_body(body, DIALECTS["chat"], HexFinder(), nonce="4b846057") is None
     # The same text under another nonce is not this request's placeholder: it is read.
     assert check_body(body, DIALECTS["chat"], HexFinder(), nonce="00000000") is not None
+
+
+def test_own_markers_read_the_same_before_and_after_the_request_pattern_is_compiled() -> None:
+    """A request's own placeholders and strip markers read as separators, another request's
+    placeholder as text: with the shared pattern and, after COMPILE_AFTER markers, with the
+    request's own."""
+    nonce, other = "0a1b2c3d", "ffee0011"
+    text = (
+        f"a {format_placeholder('EMAIL', nonce, 1)} b {format_placeholder('EMAIL', other, 2)} "
+        f"c {strip_marker('PHONE')} d"
+    )
+    expected = f"a   b {format_placeholder('EMAIL', other, 2)} c   d"
+    markers = own_markers(nonce)
+    assert markers is own_markers(nonce)  # one object per nonce: what it learned is kept
+    readings = [markers.sub(" ", text) for _ in range(COMPILE_AFTER // 3 + 2)]
+    assert markers._own is not None  # the switch happened within the loop
+    assert set(readings) == {expected}
