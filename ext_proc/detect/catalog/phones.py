@@ -120,12 +120,14 @@ def validate_phone(text: str, m: regex.Match[str], span: Span, _o: Options) -> I
     candidate = text[start:end]
     if len(candidate) - len(candidate.translate(_NO_DIGITS)) < 7:
         return
-    has_context = _after_phone_word(text, start)
+    # The phone word matters only to a bare digit run (`_phone_ok`), which needs 7 digits in a row.
+    has_context = _SEVEN_DIGITS.search(candidate) is not None and _after_phone_word(text, start)
     for rel_start, rel_end in _phone_spans(candidate, has_context):
         yield (start + rel_start, start + rel_end)
 
 
 _NO_DIGITS = str.maketrans("", "", "0123456789")
+_SEVEN_DIGITS = regex.compile("[0-9]{7}")
 
 
 def _after_phone_word(text: str, start: int) -> bool:
