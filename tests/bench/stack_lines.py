@@ -140,7 +140,8 @@ def throughput_8k(
     target = Target(">=", 1500, "≥ 1,500 req/s")
     tiny_target = Target(">=", 1300, "≥ 1,300 req/s")
     tiny_line = f"req/s c={c}, WORKERS={workers}, tiny chat"
-    tiny_floor = f"req/s c={c}, tiny chat, floor-4 listener"
+    tiny_alone = f"req/s c={c}, tiny chat, unfiltered listener"
+    tiny_floors = {label: f"req/s c={c}, tiny chat, {label} listener" for label in FLOORS}
     alone = f"req/s c={c}, 8 KB chat, unfiltered listener"
     floors = {label: f"req/s c={c}, 8 KB chat, {label} listener" for label in FLOORS}
     cases: dict[str, tuple[int, bytes | Fresh, float, Target | None]] = {
@@ -153,7 +154,8 @@ def throughput_8k(
             target,
         ),
         tiny_line: (b.filtered, tiny, 1.0, tiny_target),
-        tiny_floor: (b.floor_ports["floor-4"], tiny, 1.0, None),
+        tiny_alone: (b.bench_port, tiny, 1.0, None),
+        **{name: (b.floor_ports[label], tiny, 1.0, None) for label, name in tiny_floors.items()},
         alone: (b.bench_port, plain, 1.0, None),
         **{name: (b.floor_ports[label], plain, 1.0, None) for label, name in floors.items()},
         "load generator ceiling: Envoy /healthz, no upstream": (b.bench_port, healthz, 0.4, None),
@@ -181,11 +183,10 @@ def throughput_8k(
         p50 = statistics.median(ms(percentile(load.latencies, 0.5)) for load in loads[name])
         failed = sum(load.failed for load in loads[name])
         detail = f"p50 {p50:.1f} ms" + (f"; {failed} failed" if failed else "")
-        if name == tiny_line:
-            shares = [f"{rate[name] / rate[tiny_floor]:.0%} of floor-4's with the same request"]
-        elif port == b.filtered:
-            shares = [f"{rate[name] / rate[alone]:.0%} of Envoy alone's req/s"]
-            shares += [f"{rate[name] / rate[floors[label]]:.0%} of {label}'s" for label in FLOORS]
+        # Each filtered line against Envoy alone and the floors with the same request.
+        same_alone, same_floors = (tiny_alone, tiny_floors) if name == tiny_line else (alone, floors)
+        shares = [f"{rate[name] / rate[same_alone]:.0%} of Envoy alone's req/s"]
+        shares += [f"{rate[name] / rate[same_floors[label]]:.0%} of {label}'s" for label in FLOORS]
         if port == b.filtered:
             detail += "; " + ", ".join(shares) + f"; workers used {statistics.median(cores[name]):.2f} cores"
         rows.append(Row(name, "req/s", [load.rate for load in loads[name]], line_target, detail))
@@ -223,22 +224,18 @@ def big_bodies(b: Bench) -> list[Row]:
     }
     rows = []
     for name, (request, limit) in cases.items():
-        for _, port in b.pair(0):
+        for _, port in b.four(0):
             b.run(sequential(port, request, 2))  # warm-up: the workers' heaps grow here
-        added, filtered, unfiltered = [], [], []
+        at: dict[str, list[float]] = {}
         for rep in range(b.plan.reps):
-            got = {
-                label: statistics.median(b.run(sequential(port, request, b.plan.big_n)))
-                for label, port in b.pair(rep)
-            }
-            added.append(ms(got["filtered"] - got["unfiltered"]))
-            filtered.append(ms(got["filtered"]))
-            unfiltered.append(ms(got["unfiltered"]))
+            for label, port in b.four(rep):
+                at.setdefault(label, []).append(
+                    ms(statistics.median(b.run(sequential(port, request, b.plan.big_n))))
+                )
         target = Target("<=", limit, f"≤ {limit:g} ms") if limit is not None else None
-        detail = (
-            f"filtered {statistics.median(filtered):.0f} / unfiltered {statistics.median(unfiltered):.0f} ms"
+        rows.append(
+            Row(name, "ms", added(at["filtered"], at["unfiltered"]), target, against_floors(at), signed=True)
         )
-        rows.append(Row(name, "ms", added, target, detail, signed=True))
     return rows
 
 
@@ -393,13 +390,18 @@ def rss_1mb(b: Bench) -> Row:
     ]
     load, samples = b.run(_sampled(b.stack, closed_loop(b.filtered, requests, 16, b.plan.rss_seconds), 0.2))
     peak = status_mib(pids, "VmHWM")
+    # The same load through floor-4: what a Python ext_proc that reads nothing holds (one process).
+    b.run(closed_loop(b.floor_ports["floor-4"], requests, 16, b.plan.rss_seconds))
+    floor = status_mib([b.floor.pid], "VmHWM")
     return Row(
         f"peak RSS of {len(pids)} workers, 1 MB bodies at c=16, {b.plan.rss_seconds:g} s",
         "MiB",
         [peak],
         Target("<=", 200, "≤ 200 MiB"),
         f"sum of VmHWM; sampled VmRSS max {max(s for _, s in samples):.0f}, idle before {idle:.0f} MiB; "
-        f"{load.done} requests ({load.rate:.1f}/s)" + (f", {load.failed} failed" if load.failed else ""),
+        f"{load.done} requests ({load.rate:.1f}/s)"
+        + (f", {load.failed} failed" if load.failed else "")
+        + f"; per worker ×{peak / len(pids) / floor:.1f} of the floor server's {floor:.0f} MiB, same load",
     )
 
 
