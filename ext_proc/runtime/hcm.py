@@ -37,6 +37,7 @@ _ENVOY_413 = 'response.code == 413 && !response.code_details.startsWith("cordon_
 _REPLY_TOO_LARGE = 'response.code_details == "response_payload_too_large"'
 
 # The access log's fields: Envoy's format operators, typed (numbers stay numbers).
+_EXT_PROC = "%%FILTER_STATE(envoy.filters.http.ext_proc:FIELD:%s)%%"
 ACCESS_FIELDS: dict[str, str] = {
     "ts": "%START_TIME(%Y-%m-%dT%H:%M:%S.%3fZ)%",
     "level": "info",
@@ -52,6 +53,13 @@ ACCESS_FIELDS: dict[str, str] = {
     "request_ms": "%REQUEST_DURATION%",
     "upstream_ms": "%RESPONSE_DURATION%",
     "reply_ms": "%RESPONSE_TX_DURATION%",
+    # What each call to the processor took as Envoy saw it (its gRPC round trip included), in µs
+    # as a string of digits (Envoy writes filter state as text); null where there was no such call.
+    "ext_proc_request_headers_us": _EXT_PROC % "request_header_latency_us",
+    "ext_proc_request_body_us": _EXT_PROC % "request_body_total_latency_us",
+    "ext_proc_reply_headers_us": _EXT_PROC % "response_header_latency_us",
+    "ext_proc_reply_body_us": _EXT_PROC % "response_body_total_latency_us",
+    "ext_proc_reply_body_calls": _EXT_PROC % "response_body_call_count",
     "bytes_received": "%BYTES_RECEIVED%",
     "bytes_sent": "%BYTES_SENT%",
     "protocol": "%PROTOCOL%",

@@ -185,7 +185,19 @@ def test_every_log_line_has_ts_and_level_and_the_access_log_no_values(stack: Run
     assert forwarded["upstream_cluster"] == "openai" and forwarded["flags"] == "-"
     for field in ("duration_ms", "request_ms", "upstream_ms", "bytes_received", "bytes_sent"):
         assert isinstance(forwarded[field], int), field
+    # Envoy's view of each call to the processor: a JSON exchange has all four, one reply body call.
+    for field in (
+        "ext_proc_request_headers_us",
+        "ext_proc_request_body_us",
+        "ext_proc_reply_headers_us",
+        "ext_proc_reply_body_us",
+    ):
+        assert str(forwarded[field]).isdigit() and int(forwarded[field]) > 0, (field, forwarded[field])
+    assert str(forwarded["ext_proc_reply_body_calls"]) == "1"
     unrouted = next(line for line in lines() if line["route"] == "not-found")
+    # Refused at its headers: the processor's one call is there, the others null.
+    assert str(unrouted["ext_proc_request_headers_us"]).isdigit()
+    assert unrouted["ext_proc_request_body_us"] is None and unrouted["ext_proc_reply_body_calls"] is None
     assert unrouted["path"] == "-" and unrouted["status"] == 404 and unrouted["upstream_cluster"] is None
     for name in ("envoy-access.log", "ext_proc.log", "envoy.log", "supervisor.log"):
         path = log_dir / name
