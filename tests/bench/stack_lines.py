@@ -183,11 +183,11 @@ def throughput_8k(
         p50 = statistics.median(ms(percentile(load.latencies, 0.5)) for load in loads[name])
         failed = sum(load.failed for load in loads[name])
         detail = f"p50 {p50:.1f} ms" + (f"; {failed} failed" if failed else "")
-        # Each filtered line against Envoy alone and the floors with the same request.
-        same_alone, same_floors = (tiny_alone, tiny_floors) if name == tiny_line else (alone, floors)
-        shares = [f"{rate[name] / rate[same_alone]:.0%} of Envoy alone's req/s"]
-        shares += [f"{rate[name] / rate[same_floors[label]]:.0%} of {label}'s" for label in FLOORS]
         if port == b.filtered:
+            # Against Envoy alone and the floors with the same request.
+            same_alone, same_floors = (tiny_alone, tiny_floors) if name == tiny_line else (alone, floors)
+            shares = [f"{rate[name] / rate[same_alone]:.0%} of Envoy alone's req/s"]
+            shares += [f"{rate[name] / rate[same_floors[label]]:.0%} of {label}'s" for label in FLOORS]
             detail += "; " + ", ".join(shares) + f"; workers used {statistics.median(cores[name]):.2f} cores"
         rows.append(Row(name, "req/s", [load.rate for load in loads[name]], line_target, detail))
     mine, floor4 = cpu[names[0]], cpu[floors["floor-4"]]

@@ -127,7 +127,7 @@ def validate_phone(text: str, m: regex.Match[str], span: Span, _o: Options) -> I
 
 
 _NO_DIGITS = str.maketrans("", "", "0123456789")
-_SEVEN_DIGITS = regex.compile("[0-9]{7}")
+_SEVEN_DIGITS = compile_pattern("[0-9]{7}")
 
 
 def _after_phone_word(text: str, start: int) -> bool:

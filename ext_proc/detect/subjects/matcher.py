@@ -106,7 +106,6 @@ class Readings:
     word may follow)."""
 
     gap_prefixes: frozenset[str] = frozenset()
-    rereads: frozenset[str] = frozenset()  # the gap prefixes and the date prefixes
     date_prefixes: frozenset[str] = frozenset()  # every prefix of a date's key but MONTH_INSIDES
     # Every prefix of a number's keys: a candidate read across a gap can only become one of them
     # (READ_KINDS), so a gap is read only where the text after it stays inside these.
@@ -177,7 +176,7 @@ class CompiledSubjects:
         self._dated = readings.dated
         self._gap_prefixes = readings.gap_prefixes
         # Where a candidate may go on otherwise than as written (ext_proc.detect.subjects.gaps).
-        self._rereads = readings.rereads
+        self._rereads = readings.gap_prefixes | readings.date_prefixes
         # Segments that may begin a candidate: prefixes, and date words that read as one.
         starts = [w for reading, words in START_WORDS.items() if reading in prefixes for w in words]
         self._starts = prefixes.union(starts) if self._dated and starts else prefixes
@@ -527,13 +526,7 @@ def _compile(header: SubjectHeader) -> CompiledSubjects:
     }
     gap_prefixes: frozenset[str] = frozenset().union(*gap_sets)
     date_prefixes: frozenset[str] = frozenset().union(*date_sets).difference(MONTH_INSIDES)
-    readings = Readings(
-        gap_prefixes,
-        gap_prefixes.union(date_prefixes),
-        date_prefixes,
-        frozenset().union(*reach_sets),
-        bool(date_sets),
-    )
+    readings = Readings(gap_prefixes, date_prefixes, frozenset().union(*reach_sets), bool(date_sets))
     prefixes: frozenset[str] = frozenset().union(*prefix_sets)
     return CompiledSubjects(header.digest, variants, prefixes, frozenset(labels), readings)
 
