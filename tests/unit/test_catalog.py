@@ -674,6 +674,11 @@ def test_an_ssn_shape_inside_a_longer_number_or_without_its_word_is_not_one(text
         ("Her TELEPHONE is 4155550132", True),
         ("numéro 4155550132", True),
         ("电话 4155550132", True),
+        ("Handynummer 4155550132", True),  # German compounds of the words
+        ("Rufnummer: 4155550132", True),
+        ("Mobil 4155550132", True),
+        ("Telefonnr. 4155550132", True),
+        ("portable 0612345678", True),  # French
         ("call\n4155550132", False),  # the word is on the line before
         ("call us, the reference you were given last week is 4155550132", False),  # too far
         ("order 4155550132", False),

@@ -39,12 +39,14 @@ CONTEXT_REGIONS: tuple[str, ...] = ("US", *TRUNK_REGIONS)
 # A phone word up to CONTEXT_CHARS before a number, on its line, lets a bare digit run count.
 _PHONE_WORD = compile_pattern(
     r"(?i)(?:\b(?:phone|tel|telephone|mobile|cell|call|fax|sms|whatsapp|contact|ring|dial"
-    r"|t[ée]l[ée]phone|telefon|tel[ée]fono|m[óo]vil|handy|num[ée]ro)\b|电话|手机|電話)"
+    r"|t[ée]l[ée]phone|portable|tel[ée]fono|m[óo]vil|num[ée]ro"
+    # German, also as compounds: Telefonnummer, Handynr, Mobilnummer, Rufnummer.
+    r"|(?:telefon|handy|mobil)(?:nummer|nr)?|ruf(?:nummer|nr))\b|电话|手机|電話)"
 )
 CONTEXT_CHARS = 40
 # Every phone word holds one of these, case-folded: most windows hold none and need no search.
 _WORD_PART = compile_pattern(
-    "phone|tel|mobile|cell|call|fax|sms|whatsapp|contact|ring|dial|vil|num|handy|电话|手机|電話"
+    "phone|tel|mobil|cell|call|fax|sms|whatsapp|contact|ring|dial|vil|num|handy|ruf|portable|电话|手机|電話"
 )
 # The two Turkish i's match `i` in the words above but case-fold to something else.
 _DOTTED_I = str.maketrans({"\u0130": "i", "\u0131": "i"})
