@@ -1153,6 +1153,7 @@ RENDERED: list[Case_] = [
     case("de-full", "am [[3. März 1979]] geboren", "SUBJECT1_DOB"),
     case("de-transliterated", "[[3. Maerz 1979]]", "SUBJECT1_DOB"),
     case("de-abbreviated", "[[03. Mär. 1979]]", "SUBJECT1_DOB"),
+    case("de-abbreviated-mrz", "am [[3. Mrz. 1979]]", "SUBJECT1_DOB"),
     case("de-december", "[[31. Dezember 1984]]", "SUBJECT3_DOB"),
     case("fr-full", "né le [[3 mars 1979]]", "SUBJECT1_DOB"),
     case("fr-accented", "[[21 novembre 2002]]", "SUBJECT2_DOB"),
@@ -1264,6 +1265,20 @@ def test_near_misses_read_through_words_are_not_found(rendered: CompiledSubjects
     findings = [(f.start, f.end, f.label) for f in rendered.detect(text)]
     assert findings == [], id_
     assert rendered.first_survivor(text) is None, id_
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["[[3. Febr. 1986]]", "[[3 febr 1986]]", "[[3. Februar 1986]]", "[[3. Feb. 1986]]", "[[Sept. 3, 1986]]"],
+)
+def test_an_abbreviation_that_begins_an_english_month_name_reads_as_that_month(text: str) -> None:
+    """ "Febr", "Februar" and "Sept" are also the first letters of "february" and "september": read
+    as written they would stop inside the month's name, so they are forms of their own."""
+    month = "09" if "Sept" in text else "02"
+    compiled = compiled_for({"subjects": [{"dates": [f"1986-{month}-03"]}]})
+    plain, start, end = marked(text)
+    assert (start, end, "SUBJECT1_DOB") in [(f.start, f.end, f.label) for f in compiled.detect(plain)]
+    assert compiled.first_survivor(plain) == "SUBJECT1_DOB"
 
 
 def test_a_date_read_through_words_is_only_a_date() -> None:

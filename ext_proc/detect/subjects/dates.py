@@ -31,8 +31,8 @@ MONTH, DAY, TENS, SKIP = 0, 1, 2, 3
 # Italian, Portuguese, Dutch, and their usual abbreviations; then the Roman numerals.
 _MONTH_SPELLINGS = (
     "january jan januar janner jaenner janvier janv enero ene gennaio gen janeiro januari",
-    "february feb februar feber fevrier fevr fev febrero febbraio fevereiro februari",
-    "march mar marz maerz mars marzo marco maart mrt",
+    "february feb febr februar feber fevrier fevr fev febrero febbraio fevereiro februari",
+    "march mar mrz marz maerz mars marzo marco maart mrt",
     "april apr avril avr abril abr aprile",
     "may mai mayo maggio mag maio mei",
     "june jun juni juin junio giugno giu junho",
@@ -85,11 +85,20 @@ def _start_words() -> dict[str, tuple[str, ...]]:
 # Not the Roman numerals: a Roman month stands between the day and the year ("14.VII.1986",
 # "1986-VII-14"), and "I", "V" and "X" begin too many sentences and lists to be looked at there.
 START_WORDS = _start_words()
-# The beginnings of an English month name that are not a spelling of it ("a", "ju", "novem"): a
-# date's key read so far never ends there, so no date word can follow.
+# The beginnings of an English month name that are not a spelling of it ("a", "ju", "novem"; not
+# "feb", "febr" or "sept"): a date's key read so far never ends there, so no date word can follow.
 MONTH_INSIDES = frozenset(
-    name[:end] for name in MONTHS for end in range(1, len(name)) if end != 3 and name[:end] != "sept"
+    name[:end] for name in MONTHS for end in range(1, len(name)) if name[:end] not in DATE_WORDS
 )
+# Each English month's spellings that are the first letters of its name ("feb", "febr" for february).
+ABBREVIATIONS: dict[str, tuple[str, ...]] = {
+    name: tuple(
+        w
+        for w, (kind, reading) in DATE_WORDS.items()
+        if kind == MONTH and reading == name != w and name.startswith(w)
+    )
+    for name in MONTHS
+}
 UNIT_ORDINALS = frozenset(_ORDINAL_DAYS[:9])  # what may follow "twenty" or "thirty"
 _ISO_DATE = regex.compile(r"[0-9]{4}-[0-9]{1,2}-[0-9]{1,2}")
 _YEAR_FIRST = regex.compile(r"\s*\d{4}\D")
@@ -152,7 +161,9 @@ def _date_forms_for(day: date) -> list[str]:
             for d in days:
                 out += [_date_units(year, month, d), _date_units(d, month, year), _date_units(month, d, year)]
     name = MONTHS[day.month - 1]
-    names = unique([name, name[:3], "sept" if day.month == 9 else ""])
+    # The English name and its abbreviations that begin it ("sep", "sept"; "feb", "febr"): read as
+    # written they would stop inside the name, so they are forms of their own.
+    names = unique([name, *ABBREVIATIONS[name]])
     spelled_days = unique([*days, str(day.day) + ordinal_suffix(day.day)])
     for year in years:
         for month in names:
