@@ -271,6 +271,7 @@ def _bench_listener(settings: Settings, name: str, port: int, http_filters: str)
                 normalize_path: true
                 merge_slashes: true
                 path_with_escaped_slashes_action: UNESCAPE_AND_FORWARD
+                generate_request_id: false
                 stream_idle_timeout: {STREAM_IDLE_TIMEOUT}
                 route_config:
         """

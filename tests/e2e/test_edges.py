@@ -11,6 +11,7 @@ a common word declared as a name never matched alone.
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 from urllib.parse import unquote_plus
 
@@ -196,7 +197,7 @@ def test_a_declared_identifier_in_a_path_segment_is_refused(
 def test_a_random_request_id_is_no_mention_of_a_short_name(
     stack: RunningStack, upstream: FakeUpstream
 ) -> None:
-    """Hex ids (Envoy's own x-request-id, a trace id) are read with long keys only: "bea" between
+    """Hex ids (a client's x-request-id, a trace id) are read with long keys only: "bea" between
     their digits is chance, not a mention of a declared "Bea"."""
     short = encode_subject_header({"subjects": [{"names": ["Bea Cadell"]}]})
     headers = {
@@ -205,8 +206,39 @@ def test_a_random_request_id_is_no_mention_of_a_short_name(
     }
     reply = send(stack, "chat", "hello", {**headers, "x-request-id": "3bea5c1d-0a2e-4c6f-8b1d-2e3f4a5b6c7d"})
     assert reply.status == 200
-    for _ in range(20):  # and Envoy's own request ids, whatever they spell
-        assert send(stack, "chat", "hello", headers).status == 200
+    for _ in range(20):  # and random request ids, whatever they spell
+        ids = {**headers, "x-request-id": str(uuid.uuid4())}
+        assert send(stack, "chat", "hello", ids).status == 200
+
+
+def test_envoy_adds_no_request_id_and_a_clients_own_is_read(
+    stack: RunningStack, upstream: FakeUpstream
+) -> None:
+    """Envoy generates no x-request-id (one value less for the provider, one less to read); a
+    client's own goes as it was sent, and a value written into one is replaced."""
+    assert send(stack, "chat", "hi").status == 200
+    assert "x-request-id" not in upstream.received[-1].headers
+    own = "5f0c2b1e-7d3a-4e8b-9c6f-1a2b3c4d5e6f"
+    assert send(stack, "chat", "hi", {"x-request-id": own}).status == 200
+    assert upstream.received[-1].headers["x-request-id"] == own
+    assert send(stack, "chat", "hi", {"x-request-id": f"run-7 {EMAIL}"}).status == 200
+    assert upstream.received[-1].headers["x-request-id"].startswith("run-7 <EMAIL_")
+
+
+def test_headers_a_client_repeats_are_read_again_once_they_change(
+    stack: RunningStack, upstream: FakeUpstream
+) -> None:
+    """A set of headers found clean is answered from memory when it comes again; the same set
+    with a value in one header is read (and rewritten) again."""
+    headers = {"x-agent": "planner/2.1", "x-run-note": "nightly batch"}
+    for _ in range(3):
+        assert send(stack, "chat", "hi", headers).status == 200
+        assert upstream.received[-1].headers["x-run-note"] == "nightly batch"
+    assert send(stack, "chat", "hi", {**headers, "x-run-note": f"nightly batch {EMAIL}"}).status == 200
+    received = upstream.received[-1].headers
+    assert EMAIL not in json.dumps(received), "an email in a repeated header set reached the upstream"
+    assert received["x-run-note"].startswith("nightly batch <EMAIL_")
+    assert received["x-agent"] == "planner/2.1"
 
 
 # --- the filter's own headers and credentials -----------------------------------------------------
