@@ -22,7 +22,7 @@ from ext_proc.detect.subjects.header import encode_subject_header, parse_subject
 from ext_proc.detect.subjects.matcher import compile_subjects
 from ext_proc.dialects import classify
 from ext_proc.exchange.context import RequestContext
-from ext_proc.exchange.envelope import rewritten, survivor
+from ext_proc.exchange.envelope import HEADER_MEMO, rewritten, survivor
 from ext_proc.exchange.headers import Headers
 from ext_proc.transform.placeholders import PlaceholderMap
 from tests.support.e2e import PERSON, SAMPLES, leaked
@@ -119,3 +119,35 @@ def test_nothing_outside_the_body_leaves_many(
     headers: dict[str, str], query: list[tuple[str, str]], pick: int, value: str
 ) -> None:
     check(headers, query, pick % (len(headers) + len(query)), value, declared=value in DECLARED)
+
+
+@settings(max_examples=example_count(200), suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(
+    headers=HEADERS,
+    query=QUERY,
+    pick=st.integers(0, 100),
+    value=st.sampled_from([*sorted(SAMPLES.values()), *DECLARED]),
+)
+def test_a_header_set_read_before_is_answered_as_if_read_afresh(
+    headers: dict[str, str], query: list[tuple[str, str]], pick: int, value: str
+) -> None:
+    """A set of headers found clean is remembered as one: the same set again is answered clean
+    from the memo, and the set with a value put into any one part is still read and rewritten."""
+    context = RequestContext(POLICY, ROUTE, PlaceholderMap())
+    clean = headers_for(headers, query)
+    first = rewritten(context, clean, Counter())
+    assert first.set_headers == () and first.removed == ()
+    hits = HEADER_MEMO.hits
+    again = rewritten(context, clean, Counter())
+    assert HEADER_MEMO.hits > hits, "a clean set read again is answered from the memo"
+    assert again == first
+    # The remembered clean set must not answer for the same set with a value in it.
+    check(headers, query, pick % (len(headers) + len(query)), value, declared=value in DECLARED)
+    # And a set holding a value, read twice, is rewritten both times alike.
+    target = pick % len(headers)
+    name = list(headers)[target]
+    dirty = headers_for({**headers, name: f"{headers[name]} {value}"}, query)
+    counts = [Counter[str](), Counter[str]()]
+    envelopes = [rewritten(context, dirty, counts[0]), rewritten(context, dirty, counts[1])]
+    assert counts[0] == counts[1]
+    assert dict(envelopes[0].set_headers).keys() == dict(envelopes[1].set_headers).keys()
