@@ -168,6 +168,12 @@ def test_paths_are_normalised_on_both_listeners(rendered: Rendered) -> None:
         assert manager["path_with_escaped_slashes_action"] == "UNESCAPE_AND_FORWARD"
 
 
+def test_no_listener_adds_a_request_id(rendered: Rendered) -> None:
+    """Envoy's own x-request-id would be one more value for the provider on every request."""
+    for listener in listeners(rendered.doc):
+        assert hcm(listener)["generate_request_id"] is False
+
+
 def test_buffer_limits_equal_max_body_bytes(rendered: Rendered) -> None:
     """Listener and upstream cluster buffers are MAX_BODY_BYTES."""
     assert rendered.settings.max_body_bytes == MAX_BODY
@@ -391,7 +397,8 @@ def test_bench_listener_has_the_same_routes_and_clusters(with_bench: Rendered, t
     by_name = {listener["name"]: listener for listener in listeners(with_bench.doc)}
     bench, plain = hcm(by_name["bench"]), hcm(by_name["plain"])
     assert bench["route_config"] == plain["route_config"]
-    for key in ("normalize_path", "merge_slashes", "path_with_escaped_slashes_action", "stream_idle_timeout"):
+    same = ("normalize_path", "merge_slashes", "path_with_escaped_slashes_action", "generate_request_id")
+    for key in (*same, "stream_idle_timeout"):
         assert bench[key] == plain[key]
     without = render_case("plain-http", tmp_path)
     assert clusters(with_bench.doc) == clusters(without.doc)
