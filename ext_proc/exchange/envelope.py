@@ -14,7 +14,7 @@ filter removes and `content-length` are left out. docs/http-api.md is the user's
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, replace
 from functools import partial
 from urllib.parse import quote, unquote_plus
@@ -104,8 +104,7 @@ def finder(context: RequestContext, counts: Counter[str]) -> Find:
     catalog = context.catalog()
     subjects = context.subjects
     surrogate = policy.mode == "surrogate"
-    digest = subjects.digest if subjects is not None else None
-    extended = compiled(policy.extensions).digest  # two tenants' catalogs of the same sets differ
+    scope = _memo_scope(context)
 
     def detect(protocol: bool, text: str) -> tuple[Finding, ...]:
         found: Callable[[str], list[Finding]] = catalog.detect
@@ -123,13 +122,26 @@ def finder(context: RequestContext, counts: Counter[str]) -> Find:
     def find(name: str, text: str) -> list[Finding]:
         protocol = _is_protocol(name)
         # Most header values come again with every request of a client (its SDK's): remembered.
-        scope = ("headers", policy.sets, policy.skip_documentation_ips, surrogate, protocol, digest, extended)
         # Actions are applied per request, after the memo: an allowed kind is counted each time.
         return apply_actions(
-            list(HEADER_MEMO(scope, text, partial(detect, protocol))), policy.extensions, counts
+            list(HEADER_MEMO(("headers", scope, protocol), text, partial(detect, protocol))),
+            policy.extensions,
+            counts,
         )
 
     return find
+
+
+def _memo_scope(context: RequestContext) -> tuple[Hashable, ...]:
+    """What a header's findings depend on besides its text: the detectors the request meets."""
+    policy, subjects = context.policy, context.subjects
+    return (
+        policy.sets,
+        policy.skip_documentation_ips,
+        policy.mode == "surrogate",
+        subjects.digest if subjects is not None else None,
+        compiled(policy.extensions).digest,  # two tenants' catalogs of the same sets differ
+    )
 
 
 def rewritten(context: RequestContext, headers: Headers, counts: Counter[str]) -> Envelope:
@@ -143,15 +155,7 @@ def rewritten(context: RequestContext, headers: Headers, counts: Counter[str]) -
     query = headers.path.partition("?")[2]
     if not read and not query:
         return Envelope((), dict(headers.values))
-    policy, subjects = context.policy, context.subjects
-    scope = (
-        "clean headers",
-        policy.sets,
-        policy.skip_documentation_ips,
-        policy.mode == "surrogate",
-        subjects.digest if subjects is not None else None,
-        compiled(policy.extensions).digest,
-    )
+    scope = ("clean headers", _memo_scope(context))
     # Each part is length-prefixed: two different sets never spell the same key.
     key = "".join(f"{len(n)}:{n}{len(v)}:{v}" for n, v in read) + f"{len(query)}:{query}"
     done: list[Envelope] = []
