@@ -218,6 +218,51 @@ def test_ordinary_text_with_escapes_and_typography_passes_untouched(
     assert json.loads(body)["choices"][0]["message"]["content"] == ECHO_PREFIX + text
 
 
+ESCAPED_WORDS_HEADER = encode_subject_header({"ref": "disguise-02", "subjects": [{"names": ["Ana Ruiz"]}]})
+
+
+def tool_call_body(arguments: dict[str, str]) -> dict[str, Any]:
+    """A conversation with one tool call whose arguments are JSON written ASCII-only, as
+    `json.dumps` writes it by default (`mañana` as `ma\\u00f1ana`), and the tool's answer alike."""
+    return {
+        "model": "gpt-4o-mini",
+        "messages": [
+            {"role": "user", "content": "What is on the agenda?"},
+            {
+                "role": "assistant",
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "agenda", "arguments": json.dumps(arguments)},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": json.dumps(arguments)},
+        ],
+    }
+
+
+def test_json_written_ascii_only_is_read_as_its_words(stack: RunningStack, upstream: FakeUpstream) -> None:
+    """An escaped letter is part of its word: `ma\\u00f1ana` holds no `ana` for a declared Ana."""
+    body = tool_call_body({"cuando": "mañana por la mañana", "nota": "Señora Bañana, información"})
+    headers = {"authorization": "Bearer sk-test-no-tenant", "x-cordon-subject": ESCAPED_WORDS_HEADER}
+    reply = request(stack.settings.listen_port, "POST", CHAT, body, headers)
+    assert reply.status == 200, reply.body[:200]
+    assert upstream.received[0].json()["messages"] == body["messages"]
+
+
+def test_the_declared_name_beside_escaped_words_is_still_caught(
+    stack: RunningStack, upstream: FakeUpstream
+) -> None:
+    body = tool_call_body({"cuando": "mañana", "quien": "Ana Ruiz"})
+    headers = {"authorization": "Bearer sk-test-no-tenant", "x-cordon-subject": ESCAPED_WORDS_HEADER}
+    reply = request(stack.settings.listen_port, "POST", CHAT, body, headers)
+    forwarded = upstream.received[0].body if upstream.received else b""
+    assert reply.status in (200, 422)
+    assert b"Ruiz" not in forwarded and b"Ana " not in forwarded
+
+
 # --- the output gate under deny
 
 

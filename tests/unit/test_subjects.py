@@ -418,6 +418,40 @@ def test_egress_reads_decoded_copies(subjects: CompiledSubjects, id_: str) -> No
     assert found == label, id_
 
 
+# An escaped letter beyond ASCII is part of its word, as serialisers write words (JSON written
+# ASCII-only, entities, URL encoding): the notation's letters and digits cut no name out of it.
+ESCAPED_WORDS = {
+    "json-invisible": "Rele\\u2063\\u1eb9Vance matters",
+    "entity": "Rel&eacute;Vance",
+    "percent-utf8": "rel%C3%A9Vance",
+    "byte-escapes": "rel\\xc3\\xa9Vance",
+    "after": "Quintero\\u00e9",
+}
+# ... but an escape that separates, one of an ASCII letter (no serialiser writes those), or the
+# digits of an escape's own notation still count.
+ESCAPES_THAT_CUT = {
+    "escaped-space": ("Marisol\\u0020Vance", "SUBJECT1_NAME"),
+    "css-space-after": ("rel\\e9 Vance", "SUBJECT1_NAME"),
+    "ascii-letter": ("\\u0041Vance", "SUBJECT1_NAME"),
+    "ascii-entity": ("&#65;Vance", "SUBJECT1_NAME"),
+    "space-between": ("ma\\u00f1ana Vance", "SUBJECT1_NAME"),
+    "digits-after-an-escaped-letter": ("call \\u00e9404 555 0187", "SUBJECT1_PHONE"),
+}
+
+
+@pytest.mark.parametrize("id_", list(ESCAPED_WORDS))
+def test_an_escaped_letter_is_part_of_its_word(subjects: CompiledSubjects, id_: str) -> None:
+    text = ESCAPED_WORDS[id_]
+    assert subjects.first_survivor(text) is None, id_
+    assert subjects.detect(text) == [], id_
+
+
+@pytest.mark.parametrize("id_", list(ESCAPES_THAT_CUT))
+def test_escapes_that_separate_or_disguise_still_cut(subjects: CompiledSubjects, id_: str) -> None:
+    text, label = ESCAPES_THAT_CUT[id_]
+    assert subjects.first_survivor(text) == label, id_
+
+
 def test_placeholders_do_not_trip_the_egress_check(subjects: CompiledSubjects) -> None:
     for nonce in ("9f3a2b1c", "00000000", "deadbeef", "a1b2c3d4"):
         for label in sorted(subjects.labels):

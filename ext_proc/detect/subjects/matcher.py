@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from dataclasses import dataclass
 import regex
 
 from ext_proc.detect.canonical import canonical_text
-from ext_proc.detect.decode import decoded_views, hidden_view, may_hold_escapes
+from ext_proc.detect.decode import NO_WORD_ESCAPES, decoded_views, hidden_view, may_hold_escapes, word_escapes
 from ext_proc.detect.findings import Finding
 from ext_proc.detect.memo import MEMO
 from ext_proc.detect.opaque import is_opaque_token
@@ -44,7 +43,7 @@ from ext_proc.detect.subjects.gaps import (
     is_skipped,
 )
 from ext_proc.detect.subjects.header import FIELDS, SubjectHeader, SubjectHeaderError
-from ext_proc.detect.subjects.reading import read
+from ext_proc.detect.subjects.reading import Located, read
 from ext_proc.detect.subjects.values import value_forms
 from ext_proc.detect.subjects.words import GAP_CONNECTORS
 from ext_proc.errors import DetectionError
@@ -312,7 +311,6 @@ class CompiledSubjects:
 
     def _detect(self, text: str) -> list[Finding]:
         reading = read(text, offsets=True)
-        inserted = reading.inserted
         pieces = reading.spaced.split(" ")
         segments = list(filter(None, pieces))
         if not segments or self._starts.isdisjoint(segments):
@@ -320,22 +318,14 @@ class CompiledSubjects:
         hits = list(self._scan(segments, _shortest_key(text)))
         if not hits:
             return []
-        piece_of = list(itertools.compress(itertools.count(), pieces))
-        starts = list(itertools.accumulate(map(len, pieces), initial=0))
-
-        def original(segment: int, end: bool) -> int:
-            piece = piece_of[segment]
-            at = starts[piece] + piece + (len(pieces[piece]) if end else 0)
-            return at - bisect_left(inserted, at) if inserted else at
-
-        def span(first: int, last: int) -> tuple[int, int]:
-            """Segments first..last as a span of the caller's text."""
-            start, end = original(first, False), original(last, True)
-            return reading.folded.span(start, end) if reading.folded is not None else (start, end)
+        span = Located(reading, pieces).span
+        escapes = word_escapes(text)
 
         spans: list[tuple[int, int, _Variant]] = []
         for hit in hits:
             start, end = span(hit.first, hit.last)
+            if escapes.cut(start, end):
+                continue  # a piece of a word with an escaped letter in it
             capitalised: bool | None = None
             for variant in self._variants[hit.key]:
                 if not self._fits(variant, hit):
@@ -397,9 +387,22 @@ class CompiledSubjects:
                     continue
                 if variant.case is Case.UPPER_ONLY and not _capitals_in(text, hit.key):
                     continue
+                if self._inside_escaped_word(text, segments, hit):
+                    break  # a piece of a word with an escaped letter in it: the decoded views read it
                 found, found_at = variant.label, hit.first
                 break
         return found
+
+    @staticmethod
+    def _inside_escaped_word(text: str, segments: list[str], hit: _Hit) -> bool:
+        """Whether the egress reading's `hit` is cut out of a word by an escaped letter
+        (ext_proc.detect.decode.WordEscapes). Positions are read only for a text that holds one."""
+        escapes = word_escapes(text)
+        if escapes is NO_WORD_ESCAPES:
+            return False
+        located = Located(read(text, offsets=True))
+        # Both readings cut the same segments; were they ever to differ, the hit stands.
+        return located.segments == segments and escapes.cut(*located.span(hit.first, hit.last))
 
 
 def _in_capitals(written: str) -> bool:

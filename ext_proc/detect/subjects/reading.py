@@ -13,7 +13,9 @@ offset map of `fold_with_offsets` only when a character folds to more or fewer t
 
 from __future__ import annotations
 
+import itertools
 import unicodedata
+from bisect import bisect_left
 from functools import lru_cache
 from typing import NamedTuple, TypeVar
 
@@ -225,6 +227,32 @@ def read(text: str, offsets: bool) -> Reading:
     folded = fold_with_offsets(text)
     cut, inserted = _segmented(folded.text)
     return Reading(cut, inserted, folded)
+
+
+class Located:
+    """A reading's class segments, and where each run of them is in the original text."""
+
+    __slots__ = ("_folded", "_inserted", "_piece_of", "_pieces", "_starts", "segments")
+
+    def __init__(self, reading: Reading, pieces: list[str] | None = None) -> None:
+        pieces = reading.spaced.split(" ") if pieces is None else pieces
+        self.segments = list(filter(None, pieces))
+        self._pieces = pieces
+        self._piece_of = list(itertools.compress(itertools.count(), pieces))
+        self._starts = list(itertools.accumulate(map(len, pieces), initial=0))
+        self._inserted = reading.inserted
+        self._folded = reading.folded
+
+    def original(self, segment: int, end: bool) -> int:
+        """Where segment `segment` starts (or ends) in the folded text."""
+        piece = self._piece_of[segment]
+        at = self._starts[piece] + piece + (len(self._pieces[piece]) if end else 0)
+        return at - bisect_left(self._inserted, at) if self._inserted else at
+
+    def span(self, first: int, last: int) -> tuple[int, int]:
+        """Segments first..last as a span of the original text."""
+        start, end = self.original(first, False), self.original(last, True)
+        return self._folded.span(start, end) if self._folded is not None else (start, end)
 
 
 def segments_of(folded: str) -> list[str]:
