@@ -175,18 +175,15 @@ class View:
         return chain_span(self.maps, start, end)
 
 
-def _odd_edits(text: str, translated: str, *, blank: bool = False) -> list[Edit]:
+def _odd_edits(text: str, translated: str) -> list[Edit]:
     """An edit for each character whose reading is not one character (NUL in `translated`). A
     combining mark goes with the character before it, so a span that ends on a letter takes its
-    mark along (redaction never leaves a mark behind on its own). `blank`: an invisible or filler
-    code point reads as a space instead of nothing."""
+    mark along (redaction never leaves a mark behind on its own)."""
     edits: list[Edit] = []
     for m in _NUL.finditer(translated):
         at = m.start()
         char = text[at]
         reading = read_char(char)
-        if blank and not reading and _BLANKABLE.match(char) is not None:
-            reading = " "
         if not reading and at and unicodedata.category(char) in _MARKS:
             if edits and edits[-1][1] == at:
                 start, _, before = edits[-1]
@@ -202,15 +199,14 @@ def _odd_edits(text: str, translated: str, *, blank: bool = False) -> list[Edit]
     return edits
 
 
-def canonical(text: str, *, blank: bool = False) -> View:
-    """The canonical view of `text` (see the module docstring). `blank`: the invisible and filler
-    code points read as a space, not as nothing (`blank_view`)."""
+def canonical(text: str) -> View:
+    """The canonical view of `text` (see the module docstring)."""
     if text.isascii() and "  " not in text and not text.encode("ascii").translate(None, _ASCII_KEPT):
         return View(text)
     maps: list[EditMap] = []
     translated = text.translate(_ONE)
     if "\x00" in translated:
-        translated, mapping = apply_edits(translated, _odd_edits(text, translated, blank=blank))
+        translated, mapping = apply_edits(translated, _odd_edits(text, translated))
         if mapping is not None:
             maps.append(mapping)
     if "  " in translated:
@@ -227,20 +223,84 @@ def canonical(text: str, *, blank: bool = False) -> View:
     return View(translated, tuple(maps))
 
 
-# What `blank` reads as a space: the code points the view removes as invisible or filler (not
-# the combining marks, nor the modifier letters that imitate none).
-_BLANKABLE = regex.compile(r"[\p{Default_Ignorable_Code_Point}\p{Cf}\u2800\x00-\x08\x0e-\x1f\x7f-\x9f]")
+# The blank readings. What the canonical view removes as invisible or filler (not the combining
+# marks, nor the modifier letters that imitate none) reads as a space; and, in further readings, so
+# do the digits it reads from a compatibility form that is no decimal digit: first superscripts,
+# subscripts and fractions, then every such form (circled, parenthesised, dingbat: `\p{No}`). A
+# number written in those reads as a number in the canonical view, but beside digits of another
+# form a reader sees a mark (`0187¹`, `0187①`: a number and its footnote), while a footnote of the
+# very form of the digits before it is one more digit to any reader.
+_INVISIBLE = r"\p{Default_Ignorable_Code_Point}\p{Cf}\u2800\x00-\x08\x0e-\x1f\x7f-\x9f"
+# The invisible characters that belong inside a word (a soft hyphen, the zero-width joiner and
+# non-joiner of Persian and Indic words and emoji, the word joiner, the combining grapheme joiner,
+# variation selectors and Mongolian ones) are kept by readers of words: set apart by these,
+# ordinary syllables would read as short names. Between two words they glue them, as no separator
+# at all does.
+_JOINERS = r"\u00ad\u034f\u200c\u200d\u2060\u180b-\u180d\u180f\ufe00-\ufe0f\U000e0100-\U000e01ef"
+_INVISIBLES = {
+    False: regex.compile(rf"[{_INVISIBLE}]"),
+    True: regex.compile(rf"(?V1)[[{_INVISIBLE}]--[{_JOINERS}]]"),  # within words
+}
+_INVISIBLE_RUN = regex.compile(rf"[{_INVISIBLE}]+")
+_NUMBER_FORMS = (
+    regex.compile(
+        r"(?V1)[\p{No}&&[\p{Decomposition_Type=Super}\p{Decomposition_Type=Sub}\p{Decomposition_Type=Fraction}]]"
+    ),
+    regex.compile(r"\p{No}"),
+)
+_ASCII_BLANKABLE = re.compile(r"[\x00-\x08\x0e-\x1f\x7f]")
 
 
-def blank_view(text: str) -> View | None:
-    """The view with invisible and filler code points read as spaces, or None when `text` has
-    none. The canonical view removes them, which joins what they separate: a name padded inside
-    reads whole, but a value they set apart from a word (`card` + U+2800 + a card number, shown
-    as a space) then reads glued to that word. Readers that find values read both views (only
-    where the canonical view is not the text itself: removing a character is an edit)."""
-    if _BLANKABLE.search(text) is None:
-        return None
-    return canonical(text, blank=True)
+def _edge(run: regex.Match[str]) -> str:
+    """A run of invisible characters between a letter and a digit as spaces; any other as it is."""
+    text, start, end = run.string, run.start(), run.end()
+    before = text[start - 1] if start else " "
+    after = text[end] if end < len(text) else " "
+    edge = (before.isalpha() and after.isdigit()) or (before.isdigit() and after.isalpha())
+    return " " * (end - start) if edge else run.group()
+
+
+def separates(char: str) -> bool:
+    """Whether `char` sets words apart in the blank reading of words (`blankings(within_words=True)`)."""
+    if char.isascii():
+        return _ASCII_BLANKABLE.match(char) is not None
+    return _INVISIBLES[True].match(char) is not None
+
+
+def blankings(text: str, *, within_words: bool = False) -> list[str]:
+    """`text` with blanks, each one for one (so offsets are the text's), or none when it has
+    nothing to blank. Invisible and filler characters read as spaces, or (for a value they also pad
+    inside, `4` U+2061 `929` …, which spaces would break up) only between a letter and a digit;
+    superscript, subscript and fraction digits, then every compatibility digit, read as spaces,
+    with the invisible characters blanked either way or not at all. `within_words`: the characters
+    that belong inside a word are kept, and letters next to digits are apart anyway (a reader of
+    words, not of patterns)."""
+    if text.isascii():
+        if _ASCII_BLANKABLE.search(text) is None:
+            return []
+        return [_ASCII_BLANKABLE.sub(" ", text)]
+    bases = [text]
+    invisible = _INVISIBLES[within_words]
+    if invisible.search(text) is not None:
+        bases.append(invisible.sub(" ", text))
+        if not within_words:
+            bases.append(_INVISIBLE_RUN.sub(_edge, text))
+    numbered = _NUMBER_FORMS[-1].search(text) is not None
+    out: list[str] = []
+    for base in bases:
+        for spaced in (base, *(form.sub(" ", base) for form in _NUMBER_FORMS)) if numbered else (base,):
+            if spaced != text and spaced not in out:
+                out.append(spaced)
+    return out
+
+
+def blank_views(text: str) -> list[View]:
+    """The canonical views of `blankings(text)`. The canonical view removes invisible characters,
+    which joins what they separate, and reads a superscript as a digit: a name padded inside reads
+    whole, but a value they set apart from a word (`card` + U+2800 + a card number, shown as a
+    space; a phone and its footnote mark) would read glued to it. Readers that find values read
+    these views too; their offsets are the text's."""
+    return [canonical(spaced) for spaced in blankings(text)]
 
 
 def canonical_text(text: str) -> str:

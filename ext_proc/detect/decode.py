@@ -27,7 +27,7 @@ import unicodedata
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from ext_proc.detect.canonical import canonical_text
+from ext_proc.detect.canonical import canonical_text, separates
 from ext_proc.detect.offsets import Edit, EditMap, Span, apply_edits, chain_span
 
 MAX_ROUNDS = 4
@@ -250,12 +250,13 @@ def may_hold_escapes(text: str) -> bool:
 @dataclass(frozen=True, slots=True)
 class WordEscapes:
     """Where `text` writes a character of a word beyond ASCII (a letter, digit or mark of any script,
-    or an invisible character the canonical view removes) as an escape: `\\u00f1` of JSON written
+    or an invisible character that joins, such as a soft hyphen) as an escape: `\\u00f1` of JSON written
     ASCII-only, `&ntilde;`, `%C3%B1`. That is how serialisers write ordinary words, and the plain view
     reads the escape's notation as letters and digits of its own, so it cuts the word the escape is
     in (`ma\\u00f1ana` reads `ma u 00 f 1 ana`): a form found right against one is a piece of a
     longer word, read whole (and judged) in the decoded views. An escape of an ASCII letter or digit
-    is no serialiser's (a disguise), and one of a space or punctuation separates: neither counts."""
+    is no serialiser's (a disguise), and one of a space, punctuation or an invisible character that
+    sets words apart (a zero-width space, a filler) separates: neither counts."""
 
     starts: frozenset[int]
     ends: frozenset[int]
@@ -269,27 +270,34 @@ NO_WORD_ESCAPES = WordEscapes(frozenset(), frozenset())
 
 
 def word_escapes(text: str) -> WordEscapes:
-    """The escapes of word characters beyond ASCII in `text` (one round of every family but the
-    `(at)` words, whose `@` and `.` separate anyway)."""
+    """The escapes of word characters beyond ASCII in `text`, however deeply encoded
+    (`ma%25C3%25B1ana` decodes to `mañana` in two rounds): each character of the last decoded
+    view that decoding produced, read back to the span of `text` it came from."""
     if not may_hold_escapes(text):
+        return NO_WORD_ESCAPES
+    last: Decoded | None = None
+    for view in decoded_views(text):
+        last = view
+    if last is None:
         return NO_WORD_ESCAPES
     starts: set[int] = set()
     ends: set[int] = set()
-    for family in FAMILIES:
-        if family is _words:
+    for at, char in enumerate(last.text):
+        if char.isascii() or not _in_word(char) or not last.touches(at, at + 1):
             continue
-        for start, end, replacement in family(text):
-            if not replacement.isascii() and _in_word(replacement):
-                starts.add(start)
-                # A CSS escape takes the space after it; to a reader of the text that space separates.
-                ends.add(start + len(text[start:end].rstrip()))
+        start, end = last.span(at, at + 1)
+        starts.add(start)
+        # A CSS escape takes the space after it; to a reader of the text that space separates.
+        ends.add(start + len(text[start:end].rstrip()))
     return WordEscapes(frozenset(starts), frozenset(ends)) if starts else NO_WORD_ESCAPES
 
 
-def _in_word(replacement: str) -> bool:
-    """Whether a decoded escape is part of the word around it: its canonical view is letters, digits
-    and marks only, or nothing (an invisible character)."""
-    return all(c.isalnum() or unicodedata.category(c)[0] == "M" for c in canonical_text(replacement))
+def _in_word(char: str) -> bool:
+    """Whether a decoded character is part of the word around it: it reads as letters, digits and
+    marks, or as nothing (an invisible character that does not set words apart)."""
+    if separates(char):
+        return False
+    return all(c.isalnum() or unicodedata.category(c)[0] == "M" for c in canonical_text(char))
 
 
 def decoded_views(text: str) -> Iterator[Decoded]:

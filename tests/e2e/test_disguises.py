@@ -205,6 +205,41 @@ def test_a_catalog_value_in_disguise_is_redacted_whole(
     assert_redacted_and_restored(case, upstream, value, body)
 
 
+# --- a value set apart by what the canonical view removes or reads as a digit: an invisible
+# character between it and a word (U+200B, the braille blank, a Hangul filler, an invisible
+# separator), or a footnote mark after it (superscript, subscript, circled)
+
+SET_APART = {
+    # case: (before, value, after, declared)
+    "zero-width-space-before-a-name": ("Dear\u200b", "Odalys Prewitt-Kaur", "", True),
+    "braille-blanks-around-a-name": ("Dear\u2800", "Odalys Prewitt-Kaur", "\u2800called", True),
+    "hangul-filler-before-a-surname": ("Mrs\u3164", "Prewitt-Kaur", "", True),
+    "invisible-separator-before-an-id": ("id\u2063", "ZK7731904", "", True),
+    "superscript-after-a-phone": ("call ", "312-555-0146", "\u00b9", True),
+    "circled-digit-after-an-id": ("record ", "ZK7731904", "\u2460", True),
+    "superscript-after-a-card": ("card ", CARD, "\u00b9", False),
+    "fraction-after-an-email": ("", "tamsin.rook@example.net", "\u00bd", False),
+    "subscript-after-an-iban": ("IBAN ", IBAN, "\u2081", False),
+    "zero-width-space-before-an-ssn": ("ssn\u200b", "372-81-4406", "", False),
+}
+
+
+@pytest.mark.parametrize("case", list(SET_APART))
+def test_a_value_set_apart_by_an_invisible_character_or_a_footnote_is_redacted(
+    stack: RunningStack, upstream: FakeUpstream, case: str
+) -> None:
+    before, value, after, declared = SET_APART[case]
+    content = f"Please note {before}{value}{after} today."
+    status, _, body = send(stack.settings.listen_port, content, subject=declared)
+    assert status == 200, f"{case}: {status}"
+    sent = sent_content(upstream)
+    # A footnote mark may go with the value (a catalog kind of open length reads it as one more digit).
+    replaced = {f"Please note {before}<>{after} today.", f"Please note {before}<> today."}
+    assert shape(sent) in replaced, f"{case}: the value was not replaced whole"
+    answer = json.loads(body)["choices"][0]["message"]["content"]
+    assert answer == ECHO_PREFIX + content, f"{case}: the reply was not restored exactly"
+
+
 def test_ordinary_text_with_escapes_and_typography_passes_untouched(
     stack: RunningStack, upstream: FakeUpstream
 ) -> None:

@@ -154,6 +154,18 @@ FILLERS = (
     "\u2062", "\u2063", "\u2064", "\ufe00", "\ufe0f", "\U000e0100", "\U000e0001", "\U000e007f",
     "\U000e0041", "\u17b4", "\u17b5", "\U0001d173", "\u2800",
 )  # fmt: skip
+# The invisible characters that belong inside a word (a soft hyphen, the zero-width joiner and
+# non-joiner, the word joiner, the combining grapheme joiner, variation selectors). The others
+# (a zero-width space, the Hangul fillers, the braille blank, bidi controls, invisible operators,
+# tags) set words apart: inside an ordinary word they make two words, which is not ordinary text.
+JOINERS = ("\u200c", "\u200d", "\u2060", "\u00ad", "\u034f", "\ufe00", "\ufe0f", "\U000e0100")
+# What sets a value apart from a word beside it (a zero-width space, a filler, a bidi control) or a
+# number (a footnote mark: superscript, subscript, fraction; circled ones only after digits of
+# another form, else one more digit). Not `x` as a word: before digits it marks a phone extension.
+SEPARATING = tuple(f for f in FILLERS if f not in JOINERS)
+FOOTNOTES = ("\u00b9", "\u00b2", "\u00b3", "\u2074", "\u2081", "\u00bd", "\u2153")
+ENCLOSED_FOOTNOTES = ("\u2460", "\u2474", "\u2488")
+NEIGHBOURS = ("see", "Dear", "ref", "id", "call", "re", "note")
 SPACES = (
     " ", "\u00a0", "\u202f", "\u2009", "\u2007", "\u2008", "\u200a", "\u2002", "\u2003", "\u2004",
     "\u2005", "\u2006", "\u205f", "\u3000", "\u1680", "\t", "  ", " \u00a0", "\u2009\u2009", "\t ",
@@ -275,6 +287,7 @@ FAMILIES = (
     "escapes",
     "double_escapes",
     "at_words",
+    "boundary",
 )
 SPACING = (" ", "-", ".", "_", "  ", "\u00a0", "\u2009", "\u2013", "\u202f", " - ")
 
@@ -316,6 +329,7 @@ def applicable(shape: Shape) -> tuple[str, ...]:
         out.append("spacing")
     if shape.email:
         out.append("at_words")
+    out.append("boundary")
     return tuple(dict.fromkeys(out))
 
 
@@ -403,7 +417,19 @@ def disguise(text: str, families: Sequence[str], rng: random.Random, shape: Shap
     forms: list[str] = []
     if "escapes" in chosen or "double_escapes" in chosen:
         forms = _escape_cells(cells, rng, double="double_escapes" in chosen)
+    if "boundary" in chosen:
+        cells = _bounded(cells, rng, enclosed="enclosed" in chosen)
     return Disguised("".join(cells), tuple(chosen), tuple(forms), at_words, spelled)
+
+
+def _bounded(cells: list[str], rng: random.Random, *, enclosed: bool) -> list[str]:
+    """The value glued to a word before or after it by a character that sets words apart, and/or
+    followed by a footnote mark."""
+    where = rng.choice(("before", "after", "footnote", "before footnote", "before after"))
+    before = [rng.choice(NEIGHBOURS), rng.choice(SEPARATING)] if "before" in where else []
+    after = [rng.choice(SEPARATING), rng.choice(NEIGHBOURS)] if "after" in where else []
+    marks = FOOTNOTES if enclosed else (*FOOTNOTES, *ENCLOSED_FOOTNOTES)
+    return [*before, *cells, *after, *([rng.choice(marks)] if "footnote" in where else [])]
 
 
 def _space_after(cells: Sequence[str], index: int) -> bool:
@@ -488,7 +514,7 @@ def _word(word: str, families: Sequence[str], rng: random.Random) -> str:
                 cell += rng.choice(MARKS)
         cells.append(cell)
         if "fillers" in families and rng.random() < 0.2:
-            cells.append(rng.choice(FILLERS))
+            cells.append(rng.choice(JOINERS))
     if "escapes" in families or "double_escapes" in families:
         _escape_cells(cells, rng, double="double_escapes" in families)
     return "".join(cells)

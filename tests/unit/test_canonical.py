@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ext_proc.detect.canonical import blank_view, canonical, read_char
+from ext_proc.detect.canonical import blank_views, blankings, canonical, read_char
 from ext_proc.detect.catalog.engine import Catalog
 from ext_proc.detect.decode import decoded_views
 from ext_proc.detect.findings import ALL_SETS, SETS
@@ -497,7 +497,7 @@ _SET_APART = [
 @pytest.mark.parametrize("separator", _SEPARATING, ids=[f"U+{ord(c):04X}" for c in _SEPARATING])
 def test_a_value_an_invisible_character_sets_apart_from_a_word_is_found(separator: str) -> None:
     """The canonical view removes the character, gluing the value to the word before it; the
-    catalog also reads the view where it is a space (`blank_view`)."""
+    catalog also reads the view where it is a space (`blank_views`)."""
     catalog = Catalog.for_sets(ALL_SETS)
     for value in _SET_APART:
         text = f"card{separator}{value} ok"
@@ -505,8 +505,21 @@ def test_a_value_an_invisible_character_sets_apart_from_a_word_is_found(separato
         assert any(span.endswith(value) for span in spans), value
 
 
-def test_blank_view_only_where_an_invisible_character_is() -> None:
-    assert blank_view("plain ascii, tab\tand newline\n") is None
-    assert blank_view("café, naïve") is None
-    view = blank_view("a\u200bb")
-    assert view is not None and view.text == "a b" and view.span(1, 2) == (1, 2)
+def test_blank_views_only_where_an_invisible_character_or_a_number_form_is() -> None:
+    assert blank_views("plain ascii, tab\tand newline\n") == []
+    assert blank_views("café, naïve") == []
+    [view] = blank_views("a\u200bb")
+    assert view.text == "a b" and view.span(1, 2) == (1, 2)
+    # A footnote mark: read apart with the invisible characters blanked or not.
+    assert set(blankings("x\u200b0187\u00b9")) == {"x\u200b0187 ", "x 0187\u00b9", "x 0187 "}
+    assert blankings("0187\u00b9") == ["0187 "]
+    # Circled digits are a number of their own; beside plain ones, a mark.
+    assert blankings("\u2460\u2461 0187\u2460") == ["   0187 "]
+    # Invisible characters padding a value inside, and one gluing it to a word.
+    assert "id 49\u206129" in blankings("id\u206149\u206129")
+
+
+def test_the_reading_of_words_keeps_the_characters_that_join_a_word() -> None:
+    text = "Ge\u00adb\u00fch\u200cren\u2060x\u200by\u3164z"
+    assert blankings(text, within_words=True) == ["Ge\u00adb\u00fch\u200cren\u2060x y z"]
+    assert blankings(text) == ["Ge b\u00fch ren x y z"]

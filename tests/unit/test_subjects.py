@@ -426,6 +426,8 @@ ESCAPED_WORDS = {
     "percent-utf8": "rel%C3%A9Vance",
     "byte-escapes": "rel\\xc3\\xa9Vance",
     "after": "Quintero\\u00e9",
+    "percent-twice": "rel%25C3%25A9Vance",
+    "entity-twice": "Rel&amp;eacute;Vance",
 }
 # ... but an escape that separates, one of an ASCII letter (no serialiser writes those), or the
 # digits of an escape's own notation still count.
@@ -436,6 +438,8 @@ ESCAPES_THAT_CUT = {
     "ascii-entity": ("&#65;Vance", "SUBJECT1_NAME"),
     "space-between": ("ma\\u00f1ana Vance", "SUBJECT1_NAME"),
     "digits-after-an-escaped-letter": ("call \\u00e9404 555 0187", "SUBJECT1_PHONE"),
+    "escaped-zero-width-space": ("Dear\\u200bMarisol", "SUBJECT1_NAME"),
+    "escaped-braille-blank": ("user\\u2800mqvance77", "SUBJECT1_HANDLE"),
 }
 
 

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator
 
 import regex
 
-from ext_proc.detect.canonical import View, blank_view, canonical
+from ext_proc.detect.canonical import View, blank_views, canonical
 from ext_proc.detect.catalog.anchors import ANCHORS, Scratch, Triggers, merge_windows
 from ext_proc.detect.catalog.deny import DENY_KIND
 from ext_proc.detect.catalog.detectors import (
@@ -174,10 +174,11 @@ class Catalog:
         spans = self._scan(view.text)
         if view.maps:
             spans = {kind: [view.span(s, e) for s, e in found] for kind, found in spans.items()}
-        blank = blank_view(original) if view.maps else None  # nothing removed: nothing to blank
-        if blank is not None:
-            # Invisible characters read as spaces too: one that sets a value apart from a word
-            # must not glue the two together.
+        # Invisible characters and compatibility digits read as spaces too: one that sets a value
+        # apart from a word or a number must not glue the two together. ASCII with nothing
+        # removed has nothing to blank.
+        blanks = blank_views(original) if view.maps or not original.isascii() else []
+        for blank in blanks:
             for kind, found in self._scan(blank.text).items():
                 spans.setdefault(kind, []).extend(blank.span(s, e) for s, e in found)
         # Escapes are decoded in the view (a full-width `％４０` is an escape too), and what they
@@ -186,8 +187,9 @@ class Catalog:
         # character (anything else the plain view read already), and redacts the whole encoded
         # span.
         if may_hold_escapes(view.text):
-            for decoded in decoded_views(view.text):
-                self._scan_decoded(decoded, view, spans)
+            for base in (view, *blanks):
+                for decoded in decoded_views(base.text):
+                    self._scan_decoded(decoded, base, spans)
         hidden = hidden_view(original)
         if hidden is not None:
             self._scan_decoded(hidden, None, spans)

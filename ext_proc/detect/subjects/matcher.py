@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import regex
 
-from ext_proc.detect.canonical import canonical_text
+from ext_proc.detect.canonical import blankings, canonical_text
 from ext_proc.detect.decode import NO_WORD_ESCAPES, decoded_views, hidden_view, may_hold_escapes, word_escapes
 from ext_proc.detect.findings import Finding
 from ext_proc.detect.memo import MEMO
@@ -124,6 +124,18 @@ class _Hit:
     key: str
     bounds: tuple[int, ...]  # offsets in the key where one segment ended and the next began
     read: int  # AS_WRITTEN, or how ext_proc.detect.subjects.gaps read some of its segments
+
+
+def _readings(text: str) -> Iterator[str]:
+    """What the egress check reads of `text`: the text and its blank readings (`blankings`:
+    invisible characters and compatibility digits as spaces), then the decoded views of each
+    (`_decodings`), each also with blanks (an escape may write an invisible character)."""
+    bases = [text, *blankings(text, within_words=True)]
+    yield from bases
+    for base in bases:
+        for decoded in _decodings(base):
+            yield decoded
+            yield from blankings(decoded, within_words=True)
 
 
 def _decodings(text: str) -> Iterator[str]:
@@ -310,6 +322,15 @@ class CompiledSubjects:
         return list(MEMO(("subjects", self.digest), text, lambda t: tuple(self._detect(t))))
 
     def _detect(self, text: str) -> list[Finding]:
+        spans = self._spans(text)
+        # Read again with invisible characters and compatibility digits as spaces: one that sets a
+        # value apart from a word (`Dear` + U+200B + a name) or a number (a phone and its
+        # footnote mark `¹`) must not glue the two together. One for one: the same offsets.
+        for spaced in blankings(text, within_words=True):
+            spans += self._spans(spaced)
+        return _merge(spans)
+
+    def _spans(self, text: str) -> list[tuple[int, int, _Variant]]:
         reading = read(text, offsets=True)
         pieces = reading.spaced.split(" ")
         segments = list(filter(None, pieces))
@@ -345,7 +366,7 @@ class CompiledSubjects:
                         end = span(unit, unit)[1]
                 spans.append((start, end, variant))
                 break
-        return _merge(spans)
+        return spans
 
     # --- egress
 
@@ -362,13 +383,11 @@ class CompiledSubjects:
         return MEMO(("survivor", self.digest), text, self._first_survivor)
 
     def _first_survivor(self, text: str, shortest: int = 0) -> str | None:
-        label = self._survivor(text, shortest)
-        if label is None:
-            for decoded in _decodings(text):
-                label = self._survivor(decoded, shortest)
-                if label is not None:
-                    break
-        return label
+        for reading in _readings(text):
+            label = self._survivor(reading, shortest)
+            if label is not None:
+                return label
+        return None
 
     def _survivor(self, text: str, shortest: int = 0) -> str | None:
         segments = read(text, offsets=False).spaced.split()
