@@ -240,6 +240,34 @@ def test_a_value_set_apart_by_an_invisible_character_or_a_footnote_is_redacted(
     assert answer == ECHO_PREFIX + content, f"{case}: the reply was not restored exactly"
 
 
+@pytest.mark.parametrize(
+    ("case", "header", "query"),
+    [
+        ("zero-width-space", "Dear\u200bOdalys Prewitt-Kaur", "Dear%E2%80%8BOdalys"),
+        ("footnote", "call 312-555-0146\u00b9", "312-555-0146%C2%B9"),
+    ],
+)
+def test_a_value_set_apart_in_a_header_or_the_query_does_not_reach_the_upstream(
+    stack: RunningStack, upstream: FakeUpstream, case: str, header: str, query: str
+) -> None:
+    headers = {
+        "authorization": "Bearer sk-test-no-tenant",
+        "x-cordon-subject": HEADER,
+        # an HTTP header value travels as bytes; Latin-1 here carries the UTF-8 bytes as they are
+        "x-note": header.encode().decode("latin-1"),
+    }
+    body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hello"}]}
+    reply = request(stack.settings.listen_port, "POST", f"{CHAT}?q={query}", body, headers)
+    if reply.status == 422:
+        assert upstream.received == [], case
+        return
+    assert reply.status == 200, f"{case}: {reply.status}"
+    [received] = upstream.received
+    seen = received.headers.get("x-note", "").encode("latin-1", "replace").decode("utf-8", "replace")
+    assert "Odalys" not in seen and "0146" not in seen, f"{case}: the header went as sent"
+    assert "Odalys" not in received.path and "0146" not in received.path, f"{case}: the query went as sent"
+
+
 def test_ordinary_text_with_escapes_and_typography_passes_untouched(
     stack: RunningStack, upstream: FakeUpstream
 ) -> None:
