@@ -252,12 +252,12 @@ _ASCII_BLANKABLE = re.compile(r"[\x00-\x08\x0e-\x1f\x7f]")
 
 
 def _edge(run: regex.Match[str]) -> str:
-    """A run of invisible characters between a letter and a digit as spaces; any other as it is."""
+    """A run of invisible characters between a letter and anything but a letter (a digit, a sign)
+    as spaces; any other as it is."""
     text, start, end = run.string, run.start(), run.end()
     before = text[start - 1] if start else " "
     after = text[end] if end < len(text) else " "
-    edge = (before.isalpha() and after.isdigit()) or (before.isdigit() and after.isalpha())
-    return " " * (end - start) if edge else run.group()
+    return " " * (end - start) if before.isalpha() != after.isalpha() else run.group()
 
 
 def separates(char: str) -> bool:
@@ -270,7 +270,8 @@ def separates(char: str) -> bool:
 def blankings(text: str, *, within_words: bool = False) -> list[str]:
     """`text` with blanks, each one for one (so offsets are the text's), or none when it has
     nothing to blank. Invisible and filler characters read as spaces, or (for a value they also pad
-    inside, `4` U+2061 `929` …, which spaces would break up) only between a letter and a digit;
+    inside, `4` U+2061 `929` …, which spaces would break up) only beside a letter and something
+    else (a digit, a sign);
     superscript, subscript and fraction digits, then every compatibility digit, read as spaces,
     with the invisible characters blanked either way or not at all. `within_words`: the characters
     that belong inside a word are kept, and letters next to digits are apart anyway (a reader of
