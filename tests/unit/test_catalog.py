@@ -701,10 +701,17 @@ def test_a_card_is_found_the_same_whether_its_run_was_read_before_or_not() -> No
 
 
 @pytest.mark.parametrize(
-    "text", ["(call 312-555-0146)", "(phone: +1 312-555-0146)", "see the number (+44 20 7946 0958)."]
+    "text",
+    [
+        "(call 312-555-0146)",
+        "(phone: +1 312-555-0146)",
+        "see the number (+44 20 7946 0958).",
+        "(+1 312-555-0146 call)",
+        "((312) 555-0146 at noon)",
+    ],
 )
-def test_a_phone_that_closes_a_parenthesis_of_the_prose_is_found(text: str) -> None:
-    """The prose's closing parenthesis is no part of the number, and does not unbalance it."""
+def test_a_phone_in_a_parenthesis_of_the_prose_is_found(text: str) -> None:
+    """The prose's parentheses are no part of the number, and do not unbalance it."""
     catalog = Catalog.for_sets(ALL_SETS)
     spans = [text[f.start : f.end] for f in catalog.detect(text) if f.label == "PHONE"]
     assert len(spans) == 1 and spans[0][-1].isdigit(), text

@@ -190,6 +190,8 @@ class Catalog:
             for base in (view, *blanks):
                 for decoded in decoded_views(base.text):
                     self._scan_decoded(decoded, base, spans)
+            if blanks:
+                self._scan_decoded_blanks(original, spans)
         hidden = hidden_view(original)
         if hidden is not None:
             self._scan_decoded(hidden, None, spans)
@@ -204,6 +206,18 @@ class Catalog:
                 findings.append(Finding(kind, start, end, priority=priority))
         findings.sort(key=lambda f: (f.start, f.end, f.priority))
         return self._extra.allowed(original, findings)
+
+    def _scan_decoded_blanks(self, original: str, spans: dict[str, list[Span]]) -> None:
+        """The blank views of the original's decoded views: an escape's notation must not decide
+        where a blank goes (`\\u24fc`, a filler, `4`: the notation ends in a letter, the digit it
+        writes does not)."""
+        for decoded in decoded_views(original):
+            for blank in blank_views(decoded.text):
+                for kind, found in self._scan(blank.text).items():
+                    for start, end in found:
+                        start, end = blank.span(start, end)
+                        if decoded.touches(start, end):
+                            spans.setdefault(kind, []).append(decoded.span(start, end))
 
     def _scan_decoded(self, decoded: Decoded, view: View | None, spans: dict[str, list[Span]]) -> None:
         """Adds the findings of a decoded view (of `view`'s text, or of the original) that cover a

@@ -18,6 +18,7 @@ from collections.abc import Iterable
 
 import regex
 
+from ext_proc.detect.canonical import canonical_text
 from ext_proc.detect.catalog.options import Options
 from ext_proc.detect.catalog.regexes import (
     Span,
@@ -27,6 +28,7 @@ from ext_proc.detect.catalog.regexes import (
     timed_match,
     timed_search,
 )
+from ext_proc.detect.decode import decoded_views, may_hold_escapes
 from ext_proc.media.parts import MEDIA_MIN_LENGTH, is_media_base64
 
 HEX_MIN_ENTROPY = 3.0
@@ -166,6 +168,8 @@ _NUMBER_RUN = compile_pattern(
 def validate_high_entropy(text: str, m: regex.Match[str], span: Span, _o: Options) -> Iterable[Span]:
     # `=` is base64 padding at the end of a token and an assignment inside a run
     # ("access_token=eyJ…"): each piece is judged alone, with its trailing padding.
+    if _escapes_of_words(text, span):
+        return
     start = span[0]
     if start > 0 and text[start - 1] == "\\":
         # "\x12grpc_status_filter": an escape sequence, then the token.
@@ -219,3 +223,26 @@ def is_path(token: str) -> bool:
         if timed_fullmatch(_PLAIN_WORD, segment) and any(ch in _VOWELS for ch in segment):
             words += 1
     return words >= 2
+
+
+_WORD_AROUND = compile_pattern(r"\S*+")
+
+
+def _escapes_of_words(text: str, span: Span) -> bool:
+    """Whether the candidate is escape notation in a word that reads as no random token once
+    decoded (`%5Cu006f` + letters: an escaped letter inside an ordinary word): the notation's hex
+    digits mixed with letters look random, the word they write does not. A real secret written
+    with escapes (`%2B`, `%2F` in base64) is still random once decoded."""
+    start, end = span
+    word_start = text.rfind(" ", 0, start) + 1
+    word = timed_match(_WORD_AROUND, text, word_start)
+    region = text[word_start : max(end, word.end() if word is not None else end)]
+    if not may_hold_escapes(region):
+        return False
+    last = None
+    for view in decoded_views(region):
+        last = view
+    if last is None:
+        return False
+    pieces = [p.group() for p in timed_all(_ENTROPY_PIECE, canonical_text(last.text))]
+    return not any(is_high_entropy(piece) for piece in pieces)

@@ -164,11 +164,17 @@ def _phone_spans(text: str, has_context: bool) -> tuple[Span, ...]:
             while end > start and text[end - 1] not in "0123456789)":
                 end -= 1
             window = text[start:end]
-            # A parenthesis of the prose the number closes ("(call +1 312-555-0146)") is no part of it.
+            # A parenthesis of the prose the number closes ("(call +1 312-555-0146)") or opens is
+            # no part of it.
             while window.endswith(")") and window.count(")") > window.count("("):
                 end -= 1
                 while end > start and text[end - 1] not in "0123456789)":
                     end -= 1
+                window = text[start:end]
+            while window.startswith("(") and window.count("(") > window.count(")"):
+                start += 1
+                while start < end and text[start] not in "+(0123456789":
+                    start += 1
                 window = text[start:end]
             # Balanced parentheses around the whole window are not part of the number.
             if window.startswith("(") and window.endswith(")") and window.count("(") == 1:
