@@ -715,3 +715,13 @@ def test_a_phone_in_a_parenthesis_of_the_prose_is_found(text: str) -> None:
     catalog = Catalog.for_sets(ALL_SETS)
     spans = [text[f.start : f.end] for f in catalog.detect(text) if f.label == "PHONE"]
     assert len(spans) == 1 and spans[0][-1].isdigit(), text
+
+
+def test_a_token_of_escape_notation_is_judged_decoded_too() -> None:
+    """Escaped letters inside a word look random by their hex digits; the word they write does
+    not. A random token written with escapes is random decoded as well."""
+    catalog = Catalog.for_sets(ALL_SETS)
+    word = "see %5Cu006fNDERfaGMIdDAGxyz today"
+    assert [f.label for f in catalog.detect(word)] == []
+    secret = "sig=aB3dE5fG%2Bh7hI9jK1lM3nO5%2FpQ7rS9tU"
+    assert "HIGH_ENTROPY" in [f.label for f in catalog.detect(secret)]
