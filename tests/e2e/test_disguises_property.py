@@ -57,6 +57,8 @@ SPOTS: list[tuple[tuple[str, ...], str, int]] = [
     (("escapes",), "t.vukasinovic@example.org", 1),
     (("double_escapes",), "ferdia.quell77@example.org", 5),
     (("at_words",), "mq@example.com", 13),
+    (("boundary",), "Marisol Quintero-Vance", 4),
+    (("boundary", "enclosed"), "4929 5083 1764 2207", 2),
     (("fillers", "homoglyphs", "separators", "escapes"), "+44 20 7946 0321", 0),
 ]
 assert {f for families, _, _ in SPOTS for f in families} == set(FAMILIES), "a family has no spot check"
