@@ -242,12 +242,25 @@ _INVISIBLES = {
     True: regex.compile(rf"(?V1)[[{_INVISIBLE}]--[{_JOINERS}]]"),  # within words
 }
 _INVISIBLE_RUN = regex.compile(rf"[{_INVISIBLE}]+")
-_NUMBER_FORMS = (
-    regex.compile(
-        r"(?V1)[\p{No}&&[\p{Decomposition_Type=Super}\p{Decomposition_Type=Sub}\p{Decomposition_Type=Fraction}]]"
-    ),
-    regex.compile(r"\p{No}"),
+_FORMS = (r"\p{Decomposition_Type=Super}", r"\p{Decomposition_Type=Sub}", r"\p{Decomposition_Type=Fraction}")
+_NUMBER_FORMS = {
+    # each form apart, so a value written in one with a mark of another after it reads apart from
+    # it; for patterns, superscript letters too (`ª`, `ᵃ` after a card), for words digits only (a
+    # word may be written in modifier letters, which are superscript ones)
+    False: tuple(regex.compile(form) for form in (*_FORMS, r"\p{No}")),
+    True: tuple(regex.compile(rf"(?V1)[{form}&&\p{{N}}]") for form in (*_FORMS, r"\p{No}")),
+}
+_ANY_NUMBER_FORM = regex.compile(
+    r"[\p{Decomposition_Type=Super}\p{Decomposition_Type=Sub}\p{Decomposition_Type=Fraction}\p{No}]"
 )
+# Modifier letters the canonical view reads as nothing (`ː`, `ー`, `ߺ`): they show as a separator.
+_MODIFIERS = regex.compile(r"\p{Lm}")
+# Letters of the scripts written without spaces between words or with particles glued to them
+# (Chinese, Japanese, Korean, Thai, Indic …): a number or a Latin code written against them
+# (`312-555-0146です`, `DE89…です`) is apart from them to a reader.
+_OTHER_LETTER = r"[\p{L}--[\p{Latin}\p{Greek}\p{Cyrillic}\p{Armenian}\p{Georgian}\p{Common}]]"
+_OTHER_SCRIPTS = regex.compile(rf"(?V1){_OTHER_LETTER}")
+_AGAINST_OTHER_SCRIPT = regex.compile(rf"(?V1)[0-9A-Za-z]{_OTHER_LETTER}|{_OTHER_LETTER}[0-9A-Za-z+]")
 _ASCII_BLANKABLE = re.compile(r"[\x00-\x08\x0e-\x1f\x7f]")
 
 
@@ -258,6 +271,10 @@ def _edge(run: regex.Match[str]) -> str:
     before = text[start - 1] if start else " "
     after = text[end] if end < len(text) else " "
     return " " * (end - start) if before.isalpha() != after.isalpha() else run.group()
+
+
+def _removed_modifier(match: regex.Match[str]) -> str:
+    return " " if read_char(match.group()) == "" else match.group()
 
 
 def separates(char: str) -> bool:
@@ -282,14 +299,21 @@ def blankings(text: str, *, within_words: bool = False) -> list[str]:
         return [_ASCII_BLANKABLE.sub(" ", text)]
     bases = [text]
     invisible = _INVISIBLES[within_words]
+    if _MODIFIERS.search(text) is not None:
+        text_blank = _MODIFIERS.sub(_removed_modifier, text)
+        if text_blank != text:
+            bases.append(text_blank)
     if invisible.search(text) is not None:
-        bases.append(invisible.sub(" ", text))
+        bases.append(invisible.sub(" ", bases[-1]))
         if not within_words:
             bases.append(_INVISIBLE_RUN.sub(_edge, text))
-    numbered = _NUMBER_FORMS[-1].search(text) is not None
+    if not within_words and _AGAINST_OTHER_SCRIPT.search(text) is not None:
+        bases.append(_OTHER_SCRIPTS.sub(" ", bases[-1]))
+    numbered = _ANY_NUMBER_FORM.search(text) is not None
     out: list[str] = []
     for base in bases:
-        for spaced in (base, *(form.sub(" ", base) for form in _NUMBER_FORMS)) if numbered else (base,):
+        forms = _NUMBER_FORMS[within_words] if numbered else ()
+        for spaced in (base, *(form.sub(" ", base) for form in forms)):
             if spaced != text and spaced not in out:
                 out.append(spaced)
     return out

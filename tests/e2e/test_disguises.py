@@ -221,6 +221,19 @@ SET_APART = {
     "fraction-after-an-email": ("", "tamsin.rook@example.net", "\u00bd", False),
     "subscript-after-an-iban": ("IBAN ", IBAN, "\u2081", False),
     "zero-width-space-before-an-ssn": ("ssn\u200b", "372-81-4406", "", False),
+    # written against words of a script without spaces, or with a mark of another form
+    "name-against-japanese": ("", "Odalys", "\u3055\u3093\u306b", True),
+    "id-between-japanese": ("\u756a\u53f7", "ZK7731904", "\u3067\u3059", True),
+    "phone-before-japanese": ("\u96fb\u8a71\u306f", "+1 312-555-0146", "\u3067\u3059", False),
+    "iban-before-thai": ("", IBAN, "\u0e04\u0e23\u0e31\u0e1a", False),
+    "superscript-letter-after-a-card": ("card ", CARD, "\u1d43", False),
+    "subscript-phone-with-a-superscript-footnote": (
+        "call ",
+        "\u2083\u2081\u2082-\u2085\u2085\u2085-\u2080\u2081\u2084\u2086",
+        "\u00b9",
+        True,
+    ),
+    "modifier-letter-colon-before-a-name": ("name\u02d0", "Odalys", "", True),
 }
 
 

@@ -520,6 +520,19 @@ def test_blank_views_only_where_an_invisible_character_or_a_number_form_is() -> 
 
 
 def test_the_reading_of_words_keeps_the_characters_that_join_a_word() -> None:
+    # (The Hangul filler is also a letter of another script beside Latin ones: a further reading.)
     text = "Ge\u00adb\u00fch\u200cren\u2060x\u200by\u3164z"
     assert blankings(text, within_words=True) == ["Ge\u00adb\u00fch\u200cren\u2060x y z"]
-    assert blankings(text) == ["Ge b\u00fch ren x y z"]
+    assert blankings(text)[0] == "Ge b\u00fch ren x y z"
+
+
+def test_a_number_against_letters_of_another_script_is_read_apart() -> None:
+    assert blankings("\u96fb\u8a71 312-555-0146\u3067\u3059") == ["   312-555-0146  "]
+    assert blankings("\u96fb\u8a71 \u3067\u3059") == []  # no Latin letter or digit against them
+
+
+def test_each_number_form_is_read_apart_from_the_others() -> None:
+    # A value in subscripts with a superscript footnote: only the footnote is blanked in one reading.
+    assert "\u2084\u2080\u2084 " in blankings("\u2084\u2080\u2084\u00b9")
+    # A modifier letter the canonical view reads as nothing shows as a separator.
+    assert "Dear Marisol" in blankings("Dear\u02d0Marisol")

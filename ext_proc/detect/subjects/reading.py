@@ -37,18 +37,28 @@ _CLASS_CACHE_LIMIT = 1 << 16
 
 @lru_cache(maxsize=_CLASS_CACHE_LIMIT)
 def _classify(char: str) -> tuple[str, str]:
-    """(the character as matched, its class: 'a' letter, '0' digit, ' ' separator)."""
+    """(the character as matched, its class: 'a' Latin letter, 'k' letter of another script, '0'
+    digit, ' ' separator)."""
     mapped = _EXTRA_FOLD.get(char, char)
     if mapped == " ":
         return " ", " "
     category = unicodedata.category(mapped)
     if category[0] == "L":
-        return mapped, "a"
+        return mapped, "a" if _latin(mapped) else "k"
     if category[0] == "N":
         # Other scripts' decimal digits (Arabic-Indic, Devanagari ...) read as ASCII digits.
         value = unicodedata.decimal(mapped, None)
         return (str(value) if value is not None else mapped), "0"
     return " ", " "
+
+
+def _latin(letter: str) -> bool:
+    """Whether a (folded) letter is Latin: look-alikes of other scripts are folded to Latin before,
+    so a letter of another script here is one a reader sees as such. Where a Latin word touches a
+    word of another script (`Marisolさん`, `番号A1234567`: Japanese, Chinese, Korean and Thai write a
+    Latin name or code against their own words), the two are apart."""
+    code = ord(letter)
+    return code < 0x0370 or 0x1D00 <= code < 0x1F00 or 0x2C60 <= code < 0x2C80 or 0xA720 <= code < 0xA800
 
 
 def _latin_tables() -> tuple[bytes, bytes, bytes]:
@@ -97,14 +107,17 @@ _Text = TypeVar("_Text", str, bytes)
 
 
 def _transitions(classes: str | bytes) -> list[int]:
-    """Positions p where a letter meets a digit (classes[p-1] and classes[p] differ, neither a space)."""
+    """Positions p where a letter meets a digit, or a Latin letter one of another script
+    (classes[p-1] and classes[p] differ, neither a space)."""
     if isinstance(classes, str):
+        if "k" in classes:
+            return _pairs_at(classes, ("a0", "0a", "k0", "0k", "ak", "ka"))
         return _pairs_at(classes, ("a0", "0a"))
     return _pairs_at(classes, (b"a0", b"0a"))
 
 
-def _pairs_at(classes: _Text, pairs: tuple[_Text, _Text]) -> list[int]:
-    if pairs[0] not in classes and pairs[1] not in classes:
+def _pairs_at(classes: _Text, pairs: tuple[_Text, ...]) -> list[int]:
+    if all(pair not in classes for pair in pairs):
         return []  # the common case, decided in C
     found: list[int] = []
     for pair in pairs:
