@@ -255,10 +255,10 @@ _ANY_NUMBER_FORM = regex.compile(
 )
 # Modifier letters the canonical view reads as nothing (`ː`, `ー`, `ߺ`): they show as a separator.
 _MODIFIERS = regex.compile(r"\p{Lm}")
-# Letters of the scripts written without spaces between words or with particles glued to them
-# (Chinese, Japanese, Korean, Thai, Indic …): a number or a Latin code written against them
-# (`312-555-0146です`, `DE89…です`) is apart from them to a reader.
-_OTHER_LETTER = r"[\p{L}--[\p{Latin}\p{Greek}\p{Cyrillic}\p{Armenian}\p{Georgian}\p{Common}]]"
+# Letters of other scripts than Latin: a number or a Latin code written against them is apart
+# from them to a reader (`312-555-0146です`, `DE89…です`, `карта4111 …`), though the canonical view
+# reads the look-alikes among them (Cyrillic `а`, Greek `α`) as Latin letters.
+_OTHER_LETTER = r"[\p{L}--[\p{Latin}\p{Common}]]"
 _OTHER_SCRIPTS = regex.compile(rf"(?V1){_OTHER_LETTER}")
 _AGAINST_OTHER_SCRIPT = regex.compile(rf"(?V1)[0-9A-Za-z]{_OTHER_LETTER}|{_OTHER_LETTER}[0-9A-Za-z+]")
 _ASCII_BLANKABLE = re.compile(r"[\x00-\x08\x0e-\x1f\x7f]")

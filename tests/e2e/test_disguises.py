@@ -234,6 +234,9 @@ SET_APART = {
         True,
     ),
     "modifier-letter-colon-before-a-name": ("name\u02d0", "Odalys", "", True),
+    # a word of another script that ends in a look-alike of a Latin letter (Cyrillic `о`)
+    "name-after-cyrillic": ("\u0441\u043f\u0430\u0441\u0438\u0431\u043e", "Odalys", "", True),
+    "card-after-greek": ("\u039d\u03b1\u03b9", CARD, "", False),
 }
 
 

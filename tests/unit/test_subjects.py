@@ -1468,3 +1468,18 @@ def test_property_numbers_other_dates_and_streets_are_not_matched(text: str) -> 
 @given(_prose_with_numbers())
 def test_property_numbers_other_dates_and_streets_are_not_matched_slow(text: str) -> None:
     _check_prose(compiled_for(RENDER_PAYLOAD), text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "\u0441\u043f\u0430\u0441\u0438\u0431\u043eMarisol",  # a Cyrillic word ending in a look-alike `о`
+        "\u0393\u03b5\u03b9\u03b1Marisol",  # Greek, ending in `α`
+        "Marisol\u3055\u3093",  # Japanese after the name
+        "\u756a\u53f7A1234567\u3067\u3059",  # an id between Japanese words
+        "M\u0430risol",  # a Cyrillic look-alike inside the Latin name: the name
+    ],
+)
+def test_a_latin_value_against_another_script_is_read_apart(subjects: CompiledSubjects, text: str) -> None:
+    assert subjects.first_survivor(text) is not None
+    assert subjects.detect(text) != []

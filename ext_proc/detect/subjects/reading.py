@@ -14,6 +14,7 @@ offset map of `fold_with_offsets` only when a character folds to more or fewer t
 from __future__ import annotations
 
 import itertools
+import re
 import unicodedata
 from bisect import bisect_left
 from functools import lru_cache
@@ -143,7 +144,27 @@ def _cut(spaced: str, cuts: list[int]) -> tuple[str, list[int]]:
     return " ".join(pieces), inserted
 
 
-def _segmented(folded: str) -> tuple[str, list[int]]:
+def _disguised(original: str, kind: str) -> str:
+    """The class of a folded letter, 'c' where it was read from a look-alike of another script:
+    Latin inside a Latin word (`Mаrisol`, Cyrillic `а`), of its own script inside a word of it
+    (the `о` of `спасибо`), which `_resolved` decides by the run it is in."""
+    if kind == "a" and unicodedata.category(original)[0] == "L" and not _latin(original):
+        return "c"
+    return kind
+
+
+_LOOKALIKE_RUN = re.compile(r"[ck]*c[ck]*")
+
+
+def _resolved(classes: str) -> str:
+    """Each run of letters of other scripts and their look-alikes: of another script ('k') if any
+    letter in it is one that imitates no Latin letter, else Latin ('a', a disguised Latin word)."""
+    if "c" not in classes:
+        return classes
+    return _LOOKALIKE_RUN.sub(lambda m: ("k" if "k" in m.group() else "a") * len(m.group()), classes)
+
+
+def _segmented(folded: str, source: Folded | None = None) -> tuple[str, list[int]]:
     """`folded` with every separator as a space and a space inserted where a letter meets a digit.
 
     Returns the new text and the positions (in it) of the inserted spaces, so that a position p in
@@ -156,7 +177,14 @@ def _segmented(folded: str) -> tuple[str, list[int]]:
             raw.translate(_LATIN_CHARS).decode("latin-1"), _transitions(raw.translate(_LATIN_CLASSES))
         )
     pairs = [_classify(c) for c in folded]  # one character each: positions are kept
-    return _cut("".join(p[0] for p in pairs), _transitions("".join(p[1] for p in pairs)))
+    kinds = [p[1] for p in pairs]
+    if source is not None:
+        origin = source.origin
+        kinds = [
+            _disguised(source.source[origin[i] if origin is not None else i], kind)
+            for i, kind in enumerate(kinds)
+        ]
+    return _cut("".join(p[0] for p in pairs), _transitions(_resolved("".join(kinds))))
 
 
 class Reading(NamedTuple):
@@ -213,6 +241,8 @@ class _FoldTable(dict[int, str]):
         if len(folded) != 1:
             _ODD_CHARS.add(char)  # always recorded: read's one-for-one test depends on it
         value = "".join(_classify(c)[self.part] for c in folded)
+        if self.part:
+            value = "".join(_disguised(char, kind) for kind in value)
         if len(self) < _CLASS_CACHE_LIMIT:
             self[code] = value
         return value
@@ -235,10 +265,10 @@ def read(text: str, offsets: bool) -> Reading:
     spaced = text.translate(_FOLD_SPACED)
     classes = text.translate(_FOLD_CLASSES)
     if not offsets or _ODD_CHARS.isdisjoint(text):
-        cut, inserted = _cut(spaced, _transitions(classes))
+        cut, inserted = _cut(spaced, _transitions(_resolved(classes)))
         return Reading(cut, inserted, None)
     folded = fold_with_offsets(text)
-    cut, inserted = _segmented(folded.text)
+    cut, inserted = _segmented(folded.text, folded)
     return Reading(cut, inserted, folded)
 
 
