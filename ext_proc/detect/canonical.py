@@ -250,9 +250,7 @@ _NUMBER_FORMS = {
     False: tuple(regex.compile(form) for form in (*_FORMS, r"\p{No}")),
     True: tuple(regex.compile(rf"(?V1)[{form}&&\p{{N}}]") for form in (*_FORMS, r"\p{No}")),
 }
-_ANY_NUMBER_FORM = regex.compile(
-    r"[\p{Decomposition_Type=Super}\p{Decomposition_Type=Sub}\p{Decomposition_Type=Fraction}\p{No}]"
-)
+_ANY_NUMBER_FORM = regex.compile(rf"[{''.join(_FORMS)}\p{{No}}]")
 # Modifier letters the canonical view reads as nothing (`ː`, `ー`, `ߺ`): they show as a separator.
 _MODIFIERS = regex.compile(r"\p{Lm}")
 # Letters of other scripts than Latin: a number or a Latin code written against them is apart
@@ -279,8 +277,6 @@ def _removed_modifier(match: regex.Match[str]) -> str:
 
 def separates(char: str) -> bool:
     """Whether `char` sets words apart in the blank reading of words (`blankings(within_words=True)`)."""
-    if char.isascii():
-        return _ASCII_BLANKABLE.match(char) is not None
     return _INVISIBLES[True].match(char) is not None
 
 
@@ -288,11 +284,10 @@ def blankings(text: str, *, within_words: bool = False) -> list[str]:
     """`text` with blanks, each one for one (so offsets are the text's), or none when it has
     nothing to blank. Invisible and filler characters read as spaces, or (for a value they also pad
     inside, `4` U+2061 `929` …, which spaces would break up) only beside a letter and something
-    else (a digit, a sign);
-    superscript, subscript and fraction digits, then every compatibility digit, read as spaces,
-    with the invisible characters blanked either way or not at all. `within_words`: the characters
-    that belong inside a word are kept, and letters next to digits are apart anyway (a reader of
-    words, not of patterns)."""
+    else (a digit, a sign); superscript, subscript and fraction forms, then every compatibility
+    digit, read as spaces, with the invisible characters blanked either way or not at all.
+    `within_words`: the characters that belong inside a word are kept, and letters next to digits
+    are apart anyway (a reader of words, not of patterns)."""
     if text.isascii():
         if _ASCII_BLANKABLE.search(text) is None:
             return []
@@ -309,10 +304,9 @@ def blankings(text: str, *, within_words: bool = False) -> list[str]:
             bases.append(_INVISIBLE_RUN.sub(_edge, text))
     if not within_words and _AGAINST_OTHER_SCRIPT.search(text) is not None:
         bases.append(_OTHER_SCRIPTS.sub(" ", bases[-1]))
-    numbered = _ANY_NUMBER_FORM.search(text) is not None
+    forms = _NUMBER_FORMS[within_words] if _ANY_NUMBER_FORM.search(text) is not None else ()
     out: list[str] = []
     for base in bases:
-        forms = _NUMBER_FORMS[within_words] if numbered else ()
         for spaced in (base, *(form.sub(" ", base) for form in forms)):
             if spaced != text and spaced not in out:
                 out.append(spaced)

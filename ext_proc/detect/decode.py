@@ -273,11 +273,7 @@ def word_escapes(text: str) -> WordEscapes:
     """The escapes of word characters beyond ASCII in `text`, however deeply encoded
     (`ma%25C3%25B1ana` decodes to `mañana` in two rounds): each character of the last decoded
     view that decoding produced, read back to the span of `text` it came from."""
-    if not may_hold_escapes(text):
-        return NO_WORD_ESCAPES
-    last: Decoded | None = None
-    for view in decoded_views(text):
-        last = view
+    last = deepest_view(text)
     if last is None:
         return NO_WORD_ESCAPES
     starts: set[int] = set()
@@ -319,3 +315,11 @@ def decoded_views(text: str) -> Iterator[Decoded]:
         if not changed:
             return
         yield Decoded(current, tuple(maps))
+
+
+def deepest_view(text: str) -> Decoded | None:
+    """The last of `decoded_views(text)`: every escape undone (None when it holds none)."""
+    last: Decoded | None = None
+    for view in decoded_views(text):
+        last = view
+    return last

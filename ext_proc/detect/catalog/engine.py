@@ -213,16 +213,15 @@ class Catalog:
         writes does not)."""
         for decoded in decoded_views(original):
             for blank in blank_views(decoded.text):
-                for kind, found in self._scan(blank.text).items():
-                    for start, end in found:
-                        start, end = blank.span(start, end)
-                        if decoded.touches(start, end):
-                            spans.setdefault(kind, []).append(decoded.span(start, end))
+                self._scan_decoded(decoded, None, spans, blank)
 
-    def _scan_decoded(self, decoded: Decoded, view: View | None, spans: dict[str, list[Span]]) -> None:
+    def _scan_decoded(
+        self, decoded: Decoded, view: View | None, spans: dict[str, list[Span]], inner: View | None = None
+    ) -> None:
         """Adds the findings of a decoded view (of `view`'s text, or of the original) that cover a
-        decoded character, as spans of the original."""
-        inner = _prepare(decoded.text)
+        decoded character, as spans of the original. `inner`: the reading of the decoded text to
+        scan (its canonical view unless given)."""
+        inner = _prepare(decoded.text) if inner is None else inner
         for kind, found in self._scan(inner.text).items():
             for start, end in found:
                 start, end = inner.span(start, end)

@@ -28,7 +28,7 @@ from ext_proc.detect.catalog.regexes import (
     timed_match,
     timed_search,
 )
-from ext_proc.detect.decode import decoded_views, may_hold_escapes
+from ext_proc.detect.decode import deepest_view
 from ext_proc.media.parts import MEDIA_MIN_LENGTH, is_media_base64
 
 HEX_MIN_ENTROPY = 3.0
@@ -237,11 +237,7 @@ def _escapes_of_words(text: str, span: Span) -> bool:
     word_start = text.rfind(" ", 0, start) + 1
     word = timed_match(_WORD_AROUND, text, word_start)
     region = text[word_start : max(end, word.end() if word is not None else end)]
-    if not may_hold_escapes(region):
-        return False
-    last = None
-    for view in decoded_views(region):
-        last = view
+    last = deepest_view(region)
     if last is None:
         return False
     pieces = [p.group() for p in timed_all(_ENTROPY_PIECE, canonical_text(last.text))]

@@ -141,6 +141,16 @@ def _after_phone_word(text: str, start: int) -> bool:
     return timed_search(_PHONE_WORD, text, low, start) is not None
 
 
+def _window(text: str, start: int, end: int) -> Span:
+    """[start, end) narrowed to start with +, ( or a digit and end with a digit or ): "2
+    -2096165693" is a number and a negative number, not a phone with a dash."""
+    while start < end and text[start] not in "+(0123456789":
+        start += 1
+    while end > start and text[end - 1] not in "0123456789)":
+        end -= 1
+    return start, end
+
+
 @functools.lru_cache(maxsize=16384)
 def _phone_spans(text: str, has_context: bool) -> tuple[Span, ...]:
     """The phone numbers in one candidate (offsets in it). Pure, so cached: a conversation
@@ -156,25 +166,15 @@ def _phone_spans(text: str, has_context: bool) -> tuple[Span, ...]:
     i = 0
     while i < k:
         for j in range(min(k, i + 7), i, -1):
-            start, end = chunks[i][0], chunks[j - 1][1]
-            # A window starts with +, ( or a digit and ends with a digit or ): "2 -2096165693"
-            # is a number and a negative number, not a phone with a dash.
-            while start < end and text[start] not in "+(0123456789":
-                start += 1
-            while end > start and text[end - 1] not in "0123456789)":
-                end -= 1
+            start, end = _window(text, chunks[i][0], chunks[j - 1][1])
             window = text[start:end]
             # A parenthesis of the prose the number closes ("(call +1 312-555-0146)") or opens is
             # no part of it.
             while window.endswith(")") and window.count(")") > window.count("("):
-                end -= 1
-                while end > start and text[end - 1] not in "0123456789)":
-                    end -= 1
+                start, end = _window(text, start, end - 1)
                 window = text[start:end]
             while window.startswith("(") and window.count("(") > window.count(")"):
-                start += 1
-                while start < end and text[start] not in "+(0123456789":
-                    start += 1
+                start, end = _window(text, start + 1, end)
                 window = text[start:end]
             # Balanced parentheses around the whole window are not part of the number.
             if window.startswith("(") and window.endswith(")") and window.count("(") == 1:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import regex
 
 from ext_proc.detect.canonical import blankings, canonical_text
-from ext_proc.detect.decode import NO_WORD_ESCAPES, decoded_views, hidden_view, may_hold_escapes, word_escapes
+from ext_proc.detect.decode import decoded_views, hidden_view, may_hold_escapes, word_escapes
 from ext_proc.detect.findings import Finding
 from ext_proc.detect.memo import MEMO
 from ext_proc.detect.opaque import is_opaque_token
@@ -43,7 +43,7 @@ from ext_proc.detect.subjects.gaps import (
     is_skipped,
 )
 from ext_proc.detect.subjects.header import FIELDS, SubjectHeader, SubjectHeaderError
-from ext_proc.detect.subjects.reading import Located, read
+from ext_proc.detect.subjects.reading import EscapedWords, Located, read
 from ext_proc.detect.subjects.values import value_forms
 from ext_proc.detect.subjects.words import GAP_CONNECTORS
 from ext_proc.errors import DetectionError
@@ -398,6 +398,7 @@ class CompiledSubjects:
         # handle, not the name form "mqvance" inside it); hits of one start come shortest first.
         found: str | None = None
         found_at = -1
+        escaped: EscapedWords | None = None  # read at the first hit, once
         for hit in self._scan(segments, shortest):
             if found is not None and hit.first != found_at:
                 break
@@ -406,22 +407,12 @@ class CompiledSubjects:
                     continue
                 if variant.case is Case.UPPER_ONLY and not _capitals_in(text, hit.key):
                     continue
-                if self._inside_escaped_word(text, segments, hit):
+                escaped = escaped or EscapedWords(text, segments)
+                if escaped.cut(hit.first, hit.last):
                     break  # a piece of a word with an escaped letter in it: the decoded views read it
                 found, found_at = variant.label, hit.first
                 break
         return found
-
-    @staticmethod
-    def _inside_escaped_word(text: str, segments: list[str], hit: _Hit) -> bool:
-        """Whether the egress reading's `hit` is cut out of a word by an escaped letter
-        (ext_proc.detect.decode.WordEscapes). Positions are read only for a text that holds one."""
-        escapes = word_escapes(text)
-        if escapes is NO_WORD_ESCAPES:
-            return False
-        located = Located(read(text, offsets=True))
-        # Both readings cut the same segments; were they ever to differ, the hit stands.
-        return located.segments == segments and escapes.cut(*located.span(hit.first, hit.last))
 
 
 def _in_capitals(written: str) -> bool:

@@ -20,6 +20,7 @@ from bisect import bisect_left
 from functools import lru_cache
 from typing import NamedTuple, TypeVar
 
+from ext_proc.detect.decode import NO_WORD_ESCAPES, word_escapes
 from ext_proc.detect.normalize import Folded, fold_char, fold_with_offsets
 
 # The canonical view reads letters with a stroke as their base letter (`ø`, `ł`, `đ`); eth is
@@ -296,6 +297,27 @@ class Located:
         """Segments first..last as a span of the original text."""
         start, end = self.original(first, False), self.original(last, True)
         return self._folded.span(start, end) if self._folded is not None else (start, end)
+
+
+class EscapedWords:
+    """Whether segments of an egress reading are cut out of a word by an escaped letter
+    (ext_proc.detect.decode.WordEscapes). Positions are read only for a text that holds one."""
+
+    __slots__ = ("_escapes", "_located")
+
+    def __init__(self, text: str, segments: list[str]) -> None:
+        self._escapes = word_escapes(text)
+        located = None
+        if self._escapes is not NO_WORD_ESCAPES:
+            located = Located(read(text, offsets=True))
+            # Both readings cut the same segments; were they ever to differ, every hit stands.
+            located = located if located.segments == segments else None
+        self._located = located
+
+    def cut(self, first: int, last: int) -> bool:
+        """Whether segments first..last begin right after such an escape or end right before one."""
+        located = self._located
+        return located is not None and self._escapes.cut(*located.span(first, last))
 
 
 def segments_of(folded: str) -> list[str]:
