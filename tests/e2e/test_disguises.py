@@ -250,10 +250,10 @@ def test_a_value_set_apart_by_an_invisible_character_or_a_footnote_is_redacted(
     assert status == 200, f"{case}: {status}"
     sent = sent_content(upstream)
     # A footnote mark may go with the value (a catalog kind of open length reads it as one more digit).
-    replaced = {f"Please note {before}<>{after} today.", f"Please note {before}<> today."}
-    assert shape(sent) in replaced, f"{case}: the value was not replaced whole"
-    answer = json.loads(body)["choices"][0]["message"]["content"]
-    assert answer == ECHO_PREFIX + content, f"{case}: the reply was not restored exactly"
+    replaced = shape(sent) in {f"Please note {before}<>{after} today.", f"Please note {before}<> today."}
+    assert replaced, f"{case}: the value was not replaced whole"  # bools: no value is shown
+    restored = json.loads(body)["choices"][0]["message"]["content"] == ECHO_PREFIX + content
+    assert restored, f"{case}: the reply was not restored exactly"
 
 
 @pytest.mark.parametrize(
@@ -262,6 +262,7 @@ def test_a_value_set_apart_by_an_invisible_character_or_a_footnote_is_redacted(
         ("zero-width-space", "Dear\u200bOdalys Prewitt-Kaur", "Dear%E2%80%8BOdalys"),
         ("footnote", "call 312-555-0146\u00b9", "312-555-0146%C2%B9"),
     ],
+    ids=["zero-width-space", "footnote"],
 )
 def test_a_value_set_apart_in_a_header_or_the_query_does_not_reach_the_upstream(
     stack: RunningStack, upstream: FakeUpstream, case: str, header: str, query: str
@@ -280,8 +281,10 @@ def test_a_value_set_apart_in_a_header_or_the_query_does_not_reach_the_upstream(
     assert reply.status == 200, f"{case}: {reply.status}"
     [received] = upstream.received
     seen = received.headers.get("x-note", "").encode("latin-1", "replace").decode("utf-8", "replace")
-    assert "Odalys" not in seen and "0146" not in seen, f"{case}: the header went as sent"
-    assert "Odalys" not in received.path and "0146" not in received.path, f"{case}: the query went as sent"
+    header_hidden = "Odalys" not in seen and "0146" not in seen  # bools: no value is shown
+    assert header_hidden, f"{case}: the header went as sent"
+    query_hidden = "Odalys" not in received.path and "0146" not in received.path
+    assert query_hidden, f"{case}: the query went as sent"
 
 
 def test_ordinary_text_with_escapes_and_typography_passes_untouched(
@@ -328,7 +331,8 @@ def test_json_written_ascii_only_is_read_as_its_words(stack: RunningStack, upstr
     headers = {"authorization": "Bearer sk-test-no-tenant", "x-cordon-subject": ESCAPED_WORDS_HEADER}
     reply = request(stack.settings.listen_port, "POST", CHAT, body, headers)
     assert reply.status == 200, reply.body[:200]
-    assert upstream.received[0].json()["messages"] == body["messages"]
+    unchanged = upstream.received[0].json()["messages"] == body["messages"]
+    assert unchanged  # a bool: the assertion shows no value
 
 
 def test_the_declared_name_beside_escaped_words_is_still_caught(
@@ -339,7 +343,8 @@ def test_the_declared_name_beside_escaped_words_is_still_caught(
     reply = request(stack.settings.listen_port, "POST", CHAT, body, headers)
     forwarded = upstream.received[0].body if upstream.received else b""
     assert reply.status in (200, 422)
-    assert b"Ruiz" not in forwarded and b"Ana " not in forwarded
+    hidden = b"Ruiz" not in forwarded and b"Ana " not in forwarded
+    assert hidden  # a bool: the assertion shows no value
 
 
 # --- the output gate under deny

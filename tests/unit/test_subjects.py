@@ -1479,6 +1479,7 @@ def test_property_numbers_other_dates_and_streets_are_not_matched_slow(text: str
         "\u756a\u53f7A1234567\u3067\u3059",  # an id between Japanese words
         "M\u0430risol",  # a Cyrillic look-alike inside the Latin name: the name
     ],
+    ids=["after-cyrillic", "after-greek", "before-japanese", "between-japanese", "cyrillic-inside"],
 )
 def test_a_latin_value_against_another_script_is_read_apart(subjects: CompiledSubjects, text: str) -> None:
     assert subjects.first_survivor(text) is not None
